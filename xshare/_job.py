@@ -1,0 +1,135 @@
+"""``@xshare.job``: a plain JAX train step that the runtime can compile, place and interleave.
+
+The decorated step keeps working on its own (``train_step(state, batch)`` is ``jax.jit`` with
+the state donated), and ``train_step.bind(...)`` packages it with its initial state and data
+into a :class:`JobSpec` that a :class:`xshare.Runtime` runs.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping
+
+import jax
+
+_unique = itertools.count()
+
+
+@dataclass(frozen=True, eq=False)
+class JobSpec:
+    """Everything the runtime needs to run one job. Made by :meth:`Job.bind`; treat as read-only.
+
+    ``data`` is either an iterable of batches or a callable ``step -> batch``; a callable lets
+    a resumed job continue at any step without replaying the data before it.
+    """
+
+    job: "Job"
+    state: Any
+    data: Iterable[Any] | Callable[[int], Any]
+    steps: int | None
+    name: str
+    priority: int = 0
+    start_step: int = 0
+    nan_policy: str = "ignore"
+    meta: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def fn(self) -> Callable:
+        return self.job.fn
+
+    def replace(self, **changes: Any) -> "JobSpec":
+        """A copy with some fields changed (used by checkpoint resume and the launcher)."""
+        fields = {f: getattr(self, f) for f in self.__dataclass_fields__}
+        fields.update(changes)
+        return JobSpec(**fields)
+
+
+_NAN_POLICIES = ("ignore", "fail")
+
+
+class Job:
+    """A step function ``(state, batch) -> (new_state, metrics)`` made shareable."""
+
+    def __init__(self, fn: Callable, *, name: str | None = None, donate: bool = True):
+        if not callable(fn):
+            raise TypeError(f"@xshare.job wraps a function (state, batch) -> (state, metrics); got {fn!r}")
+        self.fn = fn
+        self.name = name or getattr(fn, "__name__", "job")
+        self.donate = donate
+        self._jit = jax.jit(fn, donate_argnums=(0,) if donate else ())
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, state: Any, batch: Any) -> tuple[Any, Any]:
+        """Run one step directly: ``jax.jit`` with ``state`` donated (when ``donate=True``).
+
+        Like any donated jit call, the ``state`` you pass in is consumed; use the returned one.
+        """
+        return self._jit(state, batch)
+
+    def bind(
+        self,
+        state: Any,
+        data: Iterable[Any] | Callable[[int], Any],
+        *,
+        steps: int | None = None,
+        name: str | None = None,
+        priority: int = 0,
+        nan_policy: str = "ignore",
+        meta: Mapping[str, Any] | None = None,
+    ) -> JobSpec:
+        """Package this step with its initial state and data into a job a Runtime can run.
+
+        ``bind`` does **not** take ownership of ``state``: when the job is admitted the runtime
+        places its own copy on the device and donates that copy step after step, so the arrays
+        you pass stay valid and unchanged. (The copy costs the state's size once, at admission.)
+
+        Args:
+          state: pytree of arrays: params, optimizer state, step counters.
+          data: an iterable of batches, or a callable ``step -> batch`` (preferred: it makes
+            resume exact without replaying data). Batches are pytrees of numpy/jax arrays.
+          steps: how many iterations; ``None`` runs until ``data`` is exhausted.
+          name: job name, unique within a runtime (default: the step's name plus a number).
+          priority: larger runs first under the ``priority`` policy.
+          nan_policy: ``"ignore"`` or ``"fail"`` (fail the job when a metric turns non-finite).
+          meta: free-form labels (e.g. the launch parameters), shown in status and summaries.
+        """
+        if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool) or steps < 0):
+            raise ValueError(f"steps={steps!r} must be a non-negative int, or None to run until data ends")
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise ValueError(f"priority={priority!r} must be an int (larger runs first)")
+        if nan_policy not in _NAN_POLICIES:
+            raise ValueError(f"nan_policy={nan_policy!r}; choose one of {', '.join(_NAN_POLICIES)}")
+        if steps is None and callable(data) and not _is_iterable(data):
+            raise ValueError("data is a callable step -> batch, so steps must be given (it never runs out)")
+        if not callable(data) and not _is_iterable(data):
+            raise TypeError(f"data must be an iterable of batches or a callable step -> batch; got {type(data).__name__}")
+        return JobSpec(
+            job=self,
+            state=state,
+            data=data,
+            steps=steps,
+            name=name or f"{self.name}-{next(_unique)}",
+            priority=priority,
+            nan_policy=nan_policy,
+            meta=dict(meta or {}),
+        )
+
+    def __repr__(self) -> str:
+        return f"xshare.job({self.name})"
+
+
+def _is_iterable(obj: Any) -> bool:
+    try:
+        iter(obj)
+    except TypeError:
+        return False
+    return True
+
+
+def job(fn: Callable | None = None, *, name: str | None = None, donate: bool = True):
+    """Decorator: ``@xshare.job`` or ``@xshare.job(name="mlp", donate=True)``."""
+    if fn is None:
+        return lambda f: Job(f, name=name, donate=donate)
+    return Job(fn, name=name, donate=donate)
