@@ -1,0 +1,32 @@
+"""SRTF: shortest remaining time first, preemptive at iteration boundaries.
+
+Minimises mean completion time when remaining times are known (Salus §4 uses it for that).
+Each ``pick`` re-evaluates from scratch, so a shorter job that arrives between two steps wins
+the very next pick: preemption costs one step boundary, not a checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .base import pick_one
+from .view import Decision, JobView, View
+
+
+def remaining_s(job: JobView) -> float:
+    """Estimated device seconds left; a job of unknown length (``steps_left=None``) sorts last."""
+    if job.steps_left is None:
+        return math.inf
+    return job.steps_left * job.step_time_s
+
+
+class Srtf:
+    name = "srtf"
+    exclusive = True
+
+    def init(self) -> Any:
+        return None
+
+    def pick(self, view: View, state: Any) -> tuple[Decision, Any]:
+        return pick_one(view, key=lambda job: (remaining_s(job), job.arrival, job.id)), state

@@ -1,0 +1,76 @@
+"""What a policy sees and what it answers: frozen snapshots, so a policy is a pure function.
+
+The runtime builds a ``View`` under its lock (clock reading, job bookkeeping, lanes) and hands it
+to ``Policy.pick``; the policy never reaches back into the runtime. Keeping these as plain frozen
+dataclasses lets the same policy run inside the runtime, in a simulator, and in table tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+
+@dataclass(frozen=True, slots=True)
+class JobView:
+    """One runnable job as the scheduler sees it at one instant."""
+
+    id: int                 # unique job id (runtime-assigned, increasing with submission)
+    name: str
+    arrival: float          # seconds on the runtime clock when submitted
+    priority: int           # larger = more important
+    steps_done: int
+    steps_left: int | None  # None = unknown (runs until its data ends)
+    step_time_s: float      # estimated device seconds per step (cost model until measured; > 0)
+    device_time_s: float    # device seconds used so far (from FFI fences)
+    lane: int               # lane id the job lives in
+    last_seq: int           # global dispatch sequence number of this job's latest step; -1 = never ran
+    turn_steps: int         # consecutive steps in its lane's current turn (0 if not the current job)
+
+
+@dataclass(frozen=True, slots=True)
+class View:
+    """A snapshot of the runtime: the clock is passed in here because policies never read one."""
+
+    now: float                   # runtime clock
+    jobs: tuple[JobView, ...]    # only RUNNABLE jobs: admitted, resident, not paused/finished
+    lanes: tuple[int, ...]       # ids of open lanes
+    quantum: int = 1             # steps per turn for round-robin policies (>= 1)
+
+    def __post_init__(self) -> None:
+        # Misuse, not an expected outcome: a zero quantum would make round-robin never rotate
+        # (pack) or fair's slack zero, silently changing the policy.
+        if isinstance(self.quantum, bool) or not isinstance(self.quantum, int) or self.quantum < 1:
+            raise ValueError(f"quantum must be an int >= 1, got {self.quantum!r}")
+        # Accept any iterable from callers, store tuples so the view stays hashable and frozen.
+        object.__setattr__(self, "jobs", tuple(self.jobs))
+        object.__setattr__(self, "lanes", tuple(self.lanes))
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """Which job each lane steps next: ``run[lane] = job id``; a lane that is absent idles."""
+
+    run: Mapping[int, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # Copy then wrap read-only: neither the caller nor the runtime can mutate a decision
+        # that another lane thread may still be reading.
+        object.__setattr__(self, "run", MappingProxyType(dict(self.run)))
+
+    def __hash__(self) -> int:
+        return hash(frozenset(self.run.items()))
+
+    def __repr__(self) -> str:
+        return f"Decision(run={dict(sorted(self.run.items()))!r})"
+
+    @classmethod
+    def of(cls, jobs: Iterable[JobView]) -> Decision:
+        """Run each given job in its own lane (callers pass at most one job per lane)."""
+        return cls({job.lane: job.id for job in jobs})
+
+    @classmethod
+    def idle(cls) -> Decision:
+        """Every lane idles."""
+        return cls({})
