@@ -1,0 +1,50 @@
+"""What every model job shares: a Flax NNX model split into a pure (graphdef, state) step.
+
+xshare jobs are pure functions over pytrees, so each model is split once with ``nnx.split``
+and the train step merges it back inside the traced function. The job's state is
+``{"params": nnx.State, "opt": optax state, "step": int32}``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+import xshare
+
+
+def train_job(model: nnx.Module, tx: optax.GradientTransformation,
+              loss_fn: Callable[[nnx.Module, Any], tuple[jax.Array, dict[str, jax.Array]]],
+              *, name: str) -> tuple[xshare.Job, dict[str, Any]]:
+    """(the xshare job for one optimizer step, its initial state) for ``model`` and ``tx``.
+
+    ``loss_fn(model, batch) -> (loss, extra_metrics)``; the step reports ``loss`` and the extras.
+    """
+    graphdef, params = nnx.split(model, nnx.Param)
+    # Anything that is not a Param (e.g. batch-norm statistics) would need threading through the
+    # state; the zoo's models keep only parameters, and this checks it.
+    rest = nnx.state(model, nnx.Not(nnx.Param))
+    if jax.tree.leaves(rest):
+        raise ValueError(f"{name}: models/common.train_job supports parameter-only models")
+
+    def step(state, batch):
+        def objective(p):
+            loss, extra = loss_fn(nnx.merge(graphdef, p), batch)
+            return loss, extra
+
+        (loss, extra), grads = jax.value_and_grad(objective, has_aux=True)(state["params"])
+        updates, opt = tx.update(grads, state["opt"], state["params"])
+        params = optax.apply_updates(state["params"], updates)
+        return {"params": params, "opt": opt, "step": state["step"] + 1}, {"loss": loss, **extra}
+
+    step.__name__ = name
+    state = {"params": params, "opt": tx.init(params), "step": jnp.zeros((), jnp.int32)}
+    return xshare.job(step, name=name), state
+
+
+def accuracy(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    return jnp.mean(jnp.argmax(logits, -1) == labels)

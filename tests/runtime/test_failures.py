@@ -1,0 +1,115 @@
+"""One job's failure never takes down another: the cause names the job, the others finish intact."""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import xshare
+from tests.helpers import assert_trees_equal, linreg_data, linreg_state, linreg_step, plain_loop
+
+STEPS = 40
+
+
+def _healthy(n=2):
+    return [linreg_step.bind(linreg_state(seed=i), linreg_data(seed=i), steps=STEPS, name=f"ok{i}")
+            for i in range(n)]
+
+
+def _run_with(bad_spec, policy="pack"):
+    healthy = _healthy()
+    with xshare.Runtime(policy=policy, memory="256MiB") as rt:
+        handles = rt.submit_many([healthy[0], bad_spec, healthy[1]])
+        rt.wait()
+    ok = [handles[0], handles[2]]
+    for spec, h in zip(healthy, ok):
+        assert h.status() == "done", h.error
+        assert_trees_equal(h.result()[0], plain_loop(spec)[0])
+    return handles[1]
+
+
+def _data_raising_at(k):
+    data = linreg_data(seed=7)
+
+    def gen():
+        for i in range(STEPS):
+            if i == k:
+                raise RuntimeError("disk read failed")
+            yield data(i)
+
+    return gen()
+
+
+@pytest.mark.parametrize("policy", ["pack", "fifo"])
+def test_data_iterator_raising_on_5th_batch_fails_that_job_alone(policy):
+    bad = linreg_step.bind(linreg_state(), _data_raising_at(4), steps=STEPS, name="bad-data")
+    h = _run_with(bad, policy)
+    assert h.status() == "failed"
+    assert h.error == "its data raised while producing batch 4: RuntimeError: disk read failed"
+    assert h.progress().steps_done == 4
+    with pytest.raises(xshare.JobFailed, match=re.escape("job 'bad-data' failed: its data raised")):
+        h.result()
+
+
+def test_batch_with_wrong_shape_on_5th_step_fails_that_job_alone():
+    data = linreg_data(seed=3)
+
+    def bad_data(step):
+        batch = data(step)
+        if step == 4:
+            batch = {"x": batch["x"][:, :5], "y": batch["y"]}
+        return batch
+
+    h = _run_with(linreg_step.bind(linreg_state(), bad_data, steps=STEPS, name="bad-shape"))
+    assert h.status() == "failed"
+    assert h.error.startswith("batch 4 does not match the compiled step: expected {'x': 'float32[16, 8]'")
+    assert "got {'x': 'float32[16, 5]'" in h.error
+    assert h.progress().steps_done == 4
+
+
+def _raise_on_fifth(n):
+    if int(n) == 4:
+        raise ValueError("label out of range in batch 5")
+    return np.zeros((), np.float32)
+
+
+@xshare.job
+def step_raising_on_5th(state, batch):
+    # A host callback that raises inside the compiled step: the error appears on the device side,
+    # when the step executes, not when it is dispatched.
+    check = jax.pure_callback(_raise_on_fifth, jax.ShapeDtypeStruct((), jnp.float32), state["n"])
+    new_state, metrics = linreg_step.fn(state, batch)
+    return new_state, {"loss": metrics["loss"] + check}
+
+
+def test_step_raising_on_its_5th_batch_fails_that_job_alone():
+    h = _run_with(step_raising_on_5th.bind(linreg_state(), linreg_data(), steps=STEPS, name="raiser"))
+    assert h.status() == "failed"
+    assert h.error.startswith("step 4 raised: ")
+    assert "label out of range in batch 5" in h.error
+    assert h.progress().steps_done == 4
+
+
+def test_nan_policy_fail_stops_the_job_with_the_metric_named():
+    @xshare.job
+    def nan_at_3(state, batch):
+        new_state, m = linreg_step.fn(state, batch)
+        return new_state, {"loss": jnp.where(state["n"] == 3, jnp.nan, m["loss"])}
+
+    h = _run_with(nan_at_3.bind(linreg_state(), linreg_data(), steps=STEPS, name="nan", nan_policy="fail"))
+    assert h.status() == "failed"
+    assert h.error == "non-finite metric loss=nan at step 3 (nan_policy='fail')"
+
+
+def test_step_that_fails_to_trace_fails_alone_at_submit():
+    @xshare.job
+    def broken(state, batch):
+        return state["missing"], {}
+
+    h = _run_with(broken.bind(linreg_state(), linreg_data(), steps=STEPS, name="broken"))
+    assert h.status() == "failed"
+    assert h.error.startswith("could not compile its step: KeyError")

@@ -1,0 +1,269 @@
+"""``xshare launch``: expand a spec, run its jobs in one runtime, show progress, summarize.
+
+Thin by design: :mod:`xshare.cli.spec` checks and expands, ``xshare.Runtime`` runs, and
+:mod:`xshare.cli.render` draws. Exit codes: 0 all jobs done, 1 a job failed or was cancelled,
+2 the spec (or the command line) is wrong and nothing was started, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+EXIT_OK, EXIT_JOB_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+_POLL_S = 0.25  # how long each rt.wait() blocks; the live table redraws about 4 times a second
+_PLAIN_EVERY_S = 5.0  # off a terminal: one line per job this often
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "target", metavar="SPEC.toml | module:function", help="a TOML launch spec, or a factory returning a bound job"
+    )
+    parser.add_argument("--policy", help="fifo, pack, srtf, fair or priority (overrides [runtime] policy)")
+    parser.add_argument(
+        "--memory", help="device memory the runtime may use: bytes, '2GiB', or 'device' (overrides [runtime] memory)"
+    )
+    parser.add_argument(
+        "--quantum", type=int, help="steps a job runs before the policy picks again (overrides [runtime] quantum)"
+    )
+    parser.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="K=V[,V...]",
+        help="a factory parameter; a comma list sweeps it. Values parse as int, float, bool, else string. Repeatable",
+    )
+    parser.add_argument("--replicas", type=int, help="runs per grid point, with seed=0..N-1 unless seed is set")
+    parser.add_argument("--steps", type=int, help="steps per job (overrides the spec's steps)")
+    parser.add_argument("--out", metavar="DIR", help="run directory (default runs/{YYYYmmdd-HHMMSS}-{spec name})")
+    parser.add_argument("--dry-run", action="store_true", help="print the expanded jobs and exit without running")
+
+
+def run(args: argparse.Namespace) -> int:
+    from xshare._errors import SpecError
+    from xshare.cli import render
+    from xshare.cli import spec as specs
+
+    out = render.console()
+    _cwd_on_path()
+    try:
+        plan = _plan(args, specs)
+        if args.dry_run:
+            out.print(render.plan_table(plan))
+            return EXIT_OK
+        jobs = specs.build_all(plan)  # calls every factory before anything runs
+    except SpecError as err:
+        return _usage_error(str(err))
+    run_dir = _make_run_dir(args.out, plan.stem)
+    (run_dir / "spec.json").write_text(json.dumps(_resolved(plan, run_dir), indent=2, default=str) + "\n")
+    return _run(plan, jobs, run_dir, out)
+
+
+def _plan(args: argparse.Namespace, specs: Any) -> Any:
+    over = specs.Overrides(
+        policy=args.policy,
+        memory=args.memory,
+        quantum=args.quantum,
+        steps=args.steps,
+        replicas=args.replicas,
+        sets=dict(specs.parse_set(item) for item in args.sets),
+    )
+    target = args.target
+    if target.endswith(".toml") or Path(target).is_file():
+        return specs.plan_file(target, over)
+    if ":" in target:
+        return specs.plan_entry(target, over)
+    raise specs.SpecError(f"{target!r} is neither a spec file (SPEC.toml) nor an entry point (module:function)")
+
+
+def _usage_error(message: str) -> int:
+    print(f"xshare launch: error: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _cwd_on_path() -> None:
+    """Like Hydra: modules next to where the user runs ``xshare`` resolve (``my_exp:make_job``)."""
+    if "" not in sys.path and str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
+
+
+def _make_run_dir(out: str | None, stem: str) -> Path:
+    if out:
+        path = Path(out)
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+    base = Path("runs") / f"{_dt.datetime.now():%Y%m%d-%H%M%S}-{stem}"
+    path, n = base, 1
+    while True:
+        try:
+            path.mkdir(parents=True)
+            return path
+        except FileExistsError:  # two launches in the same second
+            n += 1
+            path = base.with_name(f"{base.name}-{n}")
+
+
+def _resolved(plan: Any, run_dir: Path) -> dict[str, Any]:
+    return {
+        **plan.to_json(),
+        "created": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "run_dir": str(run_dir),
+        "argv": sys.argv,
+    }
+
+
+def _run(plan: Any, jobs: list[Any], run_dir: Path, out: Any) -> int:
+    import xshare
+    from xshare._errors import AdmissionError, XShareError
+    from xshare.cli import render
+
+    rt_opts = plan.runtime
+    out.print(
+        f"xshare: {len(jobs)} job(s), policy {rt_opts.policy}, "
+        f"memory {'device' if rt_opts.memory is None else rt_opts.memory}, quantum {rt_opts.quantum} -> {run_dir}",
+        markup=False,
+        highlight=False,
+    )
+    start = time.monotonic()
+    try:
+        rt = xshare.Runtime(**rt_opts.as_kwargs(), log_dir=str(run_dir))
+    except (ValueError, XShareError) as err:
+        return _usage_error(f"cannot start the runtime: {err}")
+    handles: list[Any] = []
+    first_seen: dict[str, dict[str, float]] = {}
+    code = EXIT_OK
+    try:
+        try:
+            handles = _submit(rt, jobs)
+        except AdmissionError as err:  # it names the job, its footprint, the arena and the fix
+            return _usage_error(f"{err}. Nothing was run.")
+        except XShareError as err:
+            return _usage_error(f"the runtime refused the jobs: {err}. Nothing was run.")
+        try:
+            _watch(rt, handles, out, start, first_seen)
+        except KeyboardInterrupt:
+            _cancel(handles)
+            code = EXIT_INTERRUPTED
+    except KeyboardInterrupt:  # while compiling: nothing has run yet
+        return EXIT_INTERRUPTED
+    finally:
+        rt.close()
+    rows = [_summary(h, run_dir, first_seen) for h in handles]
+    out.print(render.summary_table(rows, time.monotonic() - start))
+    failed = [r for r in rows if r.status == "failed"]
+    for r in failed:
+        out.print(f"{r.name}: traceback in {run_dir / r.name / 'log.txt'}", markup=False, highlight=False)
+    out.print(f"metrics: {run_dir}/<job>/metrics.jsonl", markup=False, highlight=False)
+    if code == EXIT_OK and any(r.status != "done" for r in rows):
+        code = EXIT_JOB_FAILED
+    return code
+
+
+def _submit(rt: Any, jobs: list[Any]) -> list[Any]:
+    """All or nothing: ``submit_many`` compiles every job before admitting any, so an
+    AdmissionError leaves nothing running and no job gets a head start from the others'
+    compile time. Without it, submit one by one and cancel the earlier ones on error."""
+    submit_many = getattr(rt, "submit_many", None)
+    if submit_many is not None:
+        return list(submit_many(jobs))
+    handles: list[Any] = []
+    try:
+        for job in jobs:
+            handles.append(rt.submit(job))
+    except BaseException:
+        _cancel(handles)
+        raise
+    return handles
+
+
+def _watch(rt: Any, handles: list[Any], out: Any, start: float, first_seen: dict[str, dict[str, float]]) -> None:
+    from rich.live import Live
+
+    from xshare.cli import render
+
+    def snapshot() -> list[Any]:
+        rows = [h.progress() for h in handles]
+        for p in rows:
+            if p.metrics and p.name not in first_seen:
+                first_seen[p.name] = dict(p.metrics)
+        return rows
+
+    if out.is_terminal:
+        with Live(render.progress_table(snapshot(), 0.0), console=out, refresh_per_second=4, transient=True) as live:
+            while not rt.wait(timeout=_POLL_S):
+                live.update(render.progress_table(snapshot(), time.monotonic() - start))
+        return
+    next_line = start + _PLAIN_EVERY_S
+    while not rt.wait(timeout=_POLL_S):
+        now = time.monotonic()
+        if now >= next_line:
+            for p in snapshot():
+                print(render.progress_line(p, now - start), file=out.file, flush=True)
+            next_line = now + _PLAIN_EVERY_S
+        else:
+            snapshot()
+
+
+def _cancel(handles: list[Any]) -> None:
+    for h in handles:
+        cancel = getattr(h, "cancel", None)
+        if cancel is not None:
+            try:
+                cancel()
+            except Exception:  # already finished, or the runtime is going down: nothing to undo
+                pass
+
+
+def _first_metrics(path: Path) -> dict[str, Any] | None:
+    """The first line of a job's metrics.jsonl (the runtime writes one line per step)."""
+    try:
+        with path.open() as f:
+            line = f.readline()
+        return json.loads(line) if line.strip() else None
+    except (OSError, ValueError):
+        return None
+
+
+def _summary(handle: Any, run_dir: Path, first_seen: dict[str, dict[str, float]]) -> Any:
+    from xshare._errors import JobFailed
+    from xshare.cli import render
+
+    p = handle.progress()
+    error = p.error
+    if p.status == "failed" and not error:
+        try:
+            handle.result()
+        except JobFailed as err:
+            error = err.cause
+        except Exception as err:
+            error = f"{type(err).__name__}: {err}"
+    if error:
+        # The cause, not the traceback (that is in log.txt): the last non-empty line says it.
+        lines = [line for line in str(error).strip().splitlines() if line.strip()]
+        error = lines[-1].strip() if lines else str(error)
+    first = _first_metrics(run_dir / p.name / "metrics.jsonl") or first_seen.get(p.name)
+    final = render.pick_loss(p.metrics)
+    first_loss = render.pick_loss(first)
+    metric = final[0] if final else (first_loss[0] if first_loss else None)
+    first_value = (first or {}).get(metric) if metric else None
+    steps_per_s = p.steps_per_s
+    if steps_per_s is None and p.wall_s:
+        steps_per_s = p.steps_done / p.wall_s
+    return render.JobSummary(
+        name=p.name,
+        status=p.status,
+        steps_done=p.steps_done,
+        steps_total=p.steps_total,
+        metric=metric,
+        first=first_value,
+        final=final[1] if final else None,
+        steps_per_s=steps_per_s,
+        wall_s=p.wall_s,
+        error=error,
+    )

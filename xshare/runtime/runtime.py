@@ -1,0 +1,744 @@
+"""The runtime: one process owns the device and interleaves the compiled steps of many jobs.
+
+Threads and what they own:
+  * the caller of ``submit``: compiles the job (ahead of time, outside the lock) and asks the
+    arena for a lane;
+  * one worker thread per lane: asks the policy which job of its lane steps next, dispatches
+    that job's compiled executable, and retires finished steps. On CPU each thread is its own
+    PJRT execution stream, so lanes run in parallel; within a lane steps are serialized;
+  * one prefetch thread per running job: moves batches to the device ahead of the step.
+All bookkeeping is under one lock (``self._cv``); device calls and blocking happen outside it.
+
+Pipelining: a lane keeps up to ``1 + dispatch_ahead`` steps dispatched (one executing, the
+next already queued behind it), so the device never waits on Python between steps, which is
+what makes a job switch cost no more than a step boundary in a plain loop.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import traceback
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+import jax
+import numpy as np
+
+from .. import ffi, sched
+from .._errors import AdmissionError, JobCancelled, JobFailed, XShareError
+from .._job import JobSpec
+from .._units import format_bytes
+from ..memory import Admitted, Arena
+from ..memory.device import arena_capacity
+from .compiler import compile_step
+from .records import (CANCELLED, DONE, FAILED, PAUSED, QUEUED, RUNNING, TERMINAL, JobRecord,
+                      Progress, StepRecord, now_s)
+from .source import END, BatchSource, DataError, Prefetcher
+
+log = logging.getLogger("xshare.runtime")
+
+_EMA = 0.2  # weight of the newest step in the measured step-time estimate
+
+
+@dataclass
+class _InFlight:
+    job: JobRecord
+    step: int                 # absolute step index (start_step + k)
+    outputs: Any              # (new_state, metrics) futures
+    t_dispatch_ns: int
+
+
+class JobHandle:
+    """The user's handle on a submitted job. Thread-safe; cheap to poll."""
+
+    def __init__(self, runtime: "Runtime", record: JobRecord):
+        self._rt, self._rec = runtime, record
+
+    @property
+    def name(self) -> str:
+        return self._rec.name
+
+    @property
+    def id(self) -> int:
+        return self._rec.id
+
+    def status(self) -> str:
+        """queued | running | paused | done | failed | cancelled"""
+        return self._rec.status
+
+    def progress(self) -> Progress:
+        with self._rt._cv:
+            return self._rec.progress(now_s())
+
+    @property
+    def error(self) -> str | None:
+        return self._rec.error
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the job ends (done, failed or cancelled); False on timeout."""
+        return self._rec.done_event.wait(timeout)
+
+    def result(self, timeout: float | None = None) -> tuple[Any, dict[str, float] | None]:
+        """(final state as numpy arrays on the host, last metrics). Raises JobFailed/JobCancelled."""
+        if not self.wait(timeout):
+            raise TimeoutError(f"job {self.name!r} still {self.status()} after {timeout} s")
+        if self._rec.status == FAILED:
+            raise JobFailed(self.name, self._rec.error or "unknown error")
+        if self._rec.status == CANCELLED:
+            raise JobCancelled(f"job {self.name!r} was cancelled at step {self._rec.steps_done}")
+        return self._rec.host_state, self._rec.last_metrics
+
+    def pause(self) -> None:
+        self._rt.pause(self)
+
+    def resume(self) -> None:
+        self._rt.resume(self)
+
+    def cancel(self) -> None:
+        self._rt.cancel(self)
+
+    def set_priority(self, priority: int) -> None:
+        self._rt.set_priority(self, priority)
+
+    def __repr__(self) -> str:
+        return f"JobHandle({self.name!r}, {self.status()})"
+
+
+class Runtime:
+    """Owns one device; admits, places and interleaves jobs under a scheduling policy.
+
+    Args:
+      policy: ``fifo`` | ``pack`` | ``srtf`` | ``fair`` | ``priority`` (or a Policy object).
+      memory: the arena's size: bytes, a string like ``"4GiB"``, or None for the device's
+        preallocated pool (GPU) or half the physical RAM (CPU).
+      quantum: steps a job keeps its lane per turn under round-robin policies.
+      log_dir: if given, each job writes ``{log_dir}/{name}/metrics.jsonl`` and ``log.txt``.
+      prefetch: batches moved to the device ahead of each job's step (charged as staging memory).
+      dispatch_ahead: steps queued on a lane behind the executing one (0 disables pipelining).
+      fences: compile FFI step fences into every job (default: on unless ``XSHARE_FFI=0``).
+      device: the device to own (default: ``jax.devices()[0]``).
+    """
+
+    def __init__(self, policy: str | Any = "pack", memory: int | str | None = None, *,
+                 quantum: int = 1, log_dir: str | os.PathLike | None = None, prefetch: int = 2,
+                 dispatch_ahead: int = 1, fences: bool | None = None, device: Any = None):
+        if not isinstance(quantum, int) or quantum < 1:
+            raise ValueError(f"quantum={quantum!r} must be an int >= 1 (steps per turn)")
+        if not isinstance(prefetch, int) or prefetch < 1:
+            raise ValueError(f"prefetch={prefetch!r} must be an int >= 1 (batches staged ahead)")
+        if not isinstance(dispatch_ahead, int) or dispatch_ahead < 0:
+            raise ValueError(f"dispatch_ahead={dispatch_ahead!r} must be an int >= 0")
+        self.policy = sched.get_policy(policy)
+        self.device = device if device is not None else jax.devices()[0]
+        capacity, self.capacity_source = arena_capacity(memory, self.device)
+        self.arena = Arena(capacity)
+        self.quantum = quantum
+        self.prefetch = prefetch
+        self.dispatch_ahead = dispatch_ahead
+        self.log_dir = Path(log_dir) if log_dir is not None else None
+        use_fences = ffi.enabled() if fences is None else bool(fences)
+        if use_fences and not ffi.available():
+            raise XShareError("fences=True but the xshare FFI library is not available: "
+                              f"{ffi.unavailable_reason()}")
+        self._ring = ffi.open_ring() if use_fences else None
+        self._cv = threading.Condition()
+        self._policy_state = self.policy.init()
+        self._jobs: dict[int, JobRecord] = {}
+        self._handles: dict[int, JobHandle] = {}
+        self._names: set[str] = set()
+        self._workers: dict[int, threading.Thread] = {}
+        self._lane_in_flight: dict[int, int] = {}
+        self._lane_turn: dict[int, tuple[int, int]] = {}   # lane -> (job id, steps this turn)
+        self._open_begins: dict[int, int] = {}             # job id -> t_ns of an unmatched begin
+        self._timeline: deque[StepRecord] = deque(maxlen=200_000)
+        self._host_times: dict[int, int] = {}               # lane -> t_ns of its last completion
+        self._next_id = 0
+        self._seq = 0
+        self._closed = False
+        self.peak_in_flight_bytes = 0
+        self.t0 = now_s()
+
+    # ------------------------------------------------------------------ public API
+    @property
+    def fences(self) -> bool:
+        return self._ring is not None
+
+    def submit(self, spec: JobSpec) -> JobHandle:
+        """Compile ``spec``'s step, then place it in a lane or queue it. Returns at once after
+        compiling. Raises AdmissionError if the job can never fit in the arena. A job whose step
+        fails to compile is returned already ``failed`` (see ``handle.error``), like any other
+        failure of one job."""
+        return self.submit_many([spec])[0]
+
+    def submit_many(self, specs: Iterable[JobSpec]) -> list[JobHandle]:
+        """Submit several jobs that start together: all are compiled first, then admitted in
+        order, so no job gets a head start from the others' compile time. If one can never fit,
+        AdmissionError is raised and none of them is submitted."""
+        specs = list(specs)
+        jobs = [self._register(spec) for spec in specs]
+        try:
+            for job in jobs:
+                self._compile(job)
+            with self._cv:
+                for job in jobs:
+                    if job.compiled is not None:
+                        self._check_fits(job)
+                placed = [(job, self._admit(job)) for job in jobs if job.compiled is not None]
+        except BaseException:
+            for job in jobs:
+                self._forget(job)
+            raise
+        for job, where in placed:
+            if isinstance(where, Admitted):
+                self._start(job, where.lane_id)
+        return [self._handles[job.id] for job in jobs]
+
+    def _register(self, spec: JobSpec) -> JobRecord:
+        if not isinstance(spec, JobSpec):
+            raise TypeError(f"submit() takes a JobSpec from step.bind(...); got {type(spec).__name__}")
+        with self._cv:
+            if self._closed:
+                raise XShareError("this Runtime is closed; create a new one to submit jobs")
+            if spec.name in self._names:
+                raise ValueError(f"a job named {spec.name!r} was already submitted to this runtime; "
+                                 "give each job a unique name")
+            self._names.add(spec.name)
+            job = JobRecord(id=self._next_id, spec=spec, arrival_s=now_s() - self.t0,
+                            priority=spec.priority)
+            self._next_id += 1
+            self._jobs[job.id] = job
+            self._handles[job.id] = JobHandle(self, job)
+        self._open_log(job)
+        return job
+
+    def _compile(self, job: JobRecord) -> None:
+        """Compile a registered job; a job that cannot compile (or has no data) ends at once."""
+        spec = job.spec
+        try:
+            job.source = BatchSource(spec.data, start=spec.start_step, stop=spec.steps)
+            first = job.source.peek()
+        except Exception as err:  # noqa: BLE001
+            with self._cv:
+                self._fail(job, f"its data raised while producing batch {spec.start_step}: "
+                                f"{short_error(err)}", err)
+                self._finalize(job)
+            return
+        try:
+            if first is END:
+                self._finish_empty(job)
+                return
+            job.compiled = compile_step(spec.fn, spec.state, first, device=self.device, name=spec.name,
+                                        job_id=job.id, ring_id=self._ring, prefetch=self.prefetch)
+        except XShareError:
+            raise
+        except Exception as err:  # noqa: BLE001 - a broken job fails alone
+            with self._cv:
+                self._fail(job, f"could not compile its step: {short_error(err)}", err)
+                self._finalize(job)
+
+    def _check_fits(self, job: JobRecord) -> None:
+        fp = job.compiled.footprint
+        if fp.resident + fp.ephemeral > self.arena.capacity:
+            raise AdmissionError(
+                f"job {job.name!r} needs {format_bytes(fp.resident + fp.ephemeral)} ({fp.describe()}) "
+                f"but the arena holds {format_bytes(self.arena.capacity)} ({self.capacity_source}); "
+                "lower its batch size or model size, or give the runtime more memory (--memory)")
+
+    def _admit(self, job: JobRecord):
+        """Ask the arena for a lane (lock held)."""
+        fp = job.compiled.footprint
+        placed = self.arena.admit(job.id, fp.resident, fp.ephemeral, name=job.name,
+                                  in_flight=self._in_flight_jobs())
+        self._log(job, f"compiled: {fp.describe()}; "
+                  + (f"lane {placed.lane_id}" if isinstance(placed, Admitted) else f"queued: {placed.reason}"))
+        return placed
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until every submitted job has ended. False on timeout."""
+        deadline = None if timeout is None else now_s() + timeout
+        with self._cv:
+            while not all(j.status in TERMINAL for j in self._jobs.values()):
+                remaining = None if deadline is None else deadline - now_s()
+                if remaining is not None and remaining <= 0:
+                    return False
+                self._cv.wait(timeout=0.25 if remaining is None else min(remaining, 0.25))
+        return True
+
+    @property
+    def jobs(self) -> list[JobHandle]:
+        with self._cv:
+            return list(self._handles.values())
+
+    def handle(self, job: str | int | JobHandle) -> JobHandle:
+        """A job's handle by name, id or handle; ``KeyError`` naming the known jobs otherwise."""
+        if isinstance(job, JobHandle):
+            return job
+        with self._cv:
+            for h in self._handles.values():
+                if job == h.name or (isinstance(job, int) and job == h.id):
+                    return h
+            names = ", ".join(sorted(self._names)) or "(none)"
+        raise KeyError(f"no job {job!r} in this runtime; jobs: {names}")
+
+    def pause(self, job: str | int | JobHandle) -> None:
+        """Stop dispatching the job's steps (its state stays resident); ``resume`` continues."""
+        rec = self.handle(job)._rec
+        with self._cv:
+            if rec.status in TERMINAL:
+                raise XShareError(f"job {rec.name!r} is {rec.status}; only live jobs can be paused")
+            rec.paused = True
+            if rec.status == RUNNING:
+                rec.status = PAUSED
+            self._cv.notify_all()
+
+    def resume(self, job: str | int | JobHandle) -> None:
+        rec = self.handle(job)._rec
+        with self._cv:
+            rec.paused = False
+            if rec.status == PAUSED:
+                rec.status = RUNNING
+            self._cv.notify_all()
+
+    def cancel(self, job: str | int | JobHandle) -> None:
+        """End the job after its in-flight steps; its memory goes to the next queued job."""
+        rec = self.handle(job)._rec
+        started = []
+        with self._cv:
+            if rec.status in TERMINAL:
+                return
+            if rec.stop_reason is None:
+                rec.stop_reason = CANCELLED
+            if rec.status == QUEUED or rec.in_flight == 0:
+                started = self._finalize(rec)
+            self._cv.notify_all()
+        self._start_all(started)
+
+    def set_priority(self, job: str | int | JobHandle, priority: int) -> None:
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise ValueError(f"priority={priority!r} must be an int")
+        rec = self.handle(job)._rec
+        with self._cv:
+            rec.priority = priority
+            self._cv.notify_all()
+
+    def timeline(self) -> list[StepRecord]:
+        """Executed steps in start order: device times from the FFI fences (host times without)."""
+        with self._cv:
+            self._drain_fences()
+            return sorted(self._timeline, key=lambda r: r.t_begin_ns)
+
+    def close(self) -> None:
+        """Cancel whatever still runs, stop the workers and release the device state."""
+        with self._cv:
+            if self._closed:
+                return
+            self._closed = True
+            for job in self._jobs.values():
+                if job.status not in TERMINAL and job.stop_reason is None:
+                    job.stop_reason = CANCELLED
+                if job.status == QUEUED:
+                    self._finalize(job)
+            self._cv.notify_all()
+            workers = list(self._workers.values())
+        for w in workers:
+            w.join()
+        with self._cv:
+            for job in self._jobs.values():
+                if job.status not in TERMINAL:
+                    self._finalize(job)
+        if self._ring is not None:
+            ffi.close_ring(self._ring)
+            self._ring = None
+
+    def __enter__(self) -> "Runtime":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        # A clean exit finishes the work (no lost jobs); an exception cancels it.
+        if exc_type is None:
+            self.wait()
+        self.close()
+
+    # ------------------------------------------------------------------ lifecycle
+    def _start(self, job: JobRecord, lane: int) -> None:
+        """Put an admitted job's state on the device and let its lane run it."""
+        try:
+            state = jax.device_put(job.spec.state, self.device, may_alias=False)
+        except Exception as err:  # noqa: BLE001
+            with self._cv:
+                self._fail(job, f"could not place its state on {self.device}: {err}", err)
+                started = self._finalize(job)
+            self._start_all(started)
+            return
+        prefetcher = Prefetcher(job.source, self.device, depth=self.prefetch, name=job.name,
+                                on_ready=self._notify)
+        with self._cv:
+            if job.stop_reason is not None:  # cancelled while being placed
+                started = self._finalize(job)
+            else:
+                job.state, job.prefetcher, job.lane = state, prefetcher, lane
+                job.status = PAUSED if job.paused else RUNNING
+                job.started_s = now_s() - self.t0
+                job.queue_wait_s = job.started_s - job.arrival_s
+                if self._ring is not None:
+                    ffi.set_lane(job.id, lane)
+                prefetcher.start()
+                self._ensure_worker(lane)
+                self._cv.notify_all()
+                started = []
+        self._start_all(started)
+
+    def _start_all(self, admitted: Iterable[Admitted]) -> None:
+        for placed in admitted:
+            self._start(self._jobs[placed.job_id], placed.lane_id)
+
+    def _ensure_worker(self, lane: int) -> None:
+        if lane not in self._workers:
+            self._lane_in_flight.setdefault(lane, 0)
+            t = threading.Thread(target=self._lane_main, args=(lane,), name=f"xshare-lane-{lane}",
+                                 daemon=True)
+            self._workers[lane] = t
+            t.start()
+
+    def _finish_empty(self, job: JobRecord) -> None:
+        """A job with no batches (steps=0 or empty data) is done at once with its initial state."""
+        with self._cv:
+            job.host_state = jax.device_get(job.spec.state)
+            job.stop_reason = DONE
+            self._finalize(job)
+
+    def _forget(self, job: JobRecord) -> None:
+        with self._cv:
+            self._jobs.pop(job.id, None)
+            self._handles.pop(job.id, None)
+            self._names.discard(job.name)
+        if job.log_file is not None:
+            job.log_file.close()
+
+    def _fail(self, job: JobRecord, cause: str, err: BaseException | None = None) -> None:
+        """Record a job's failure (lock held). Its in-flight steps drain, then it is finalized."""
+        if job.stop_reason in (FAILED,):
+            return
+        job.stop_reason = FAILED
+        job.error = cause
+        log.warning("job %r failed: %s", job.name, cause)
+        self._log(job, f"FAILED: {cause}")
+        if err is not None:
+            self._log(job, "".join(traceback.format_exception(err)))
+
+    def _finalize(self, job: JobRecord) -> list[Admitted]:
+        """Move a stopping job with nothing in flight to its terminal state (lock held); frees
+        its memory and returns the queued jobs that now fit (the caller starts them, unlocked)."""
+        if job.status in TERMINAL:
+            return []
+        reason = job.stop_reason or CANCELLED
+        if job.prefetcher is not None:
+            job.prefetcher.close()
+        job.status = reason
+        job.ended_s = now_s() - self.t0
+        job.state = None  # drop the device buffers (the host copy was taken for DONE jobs)
+        admitted: list[Admitted] = []
+        if job.compiled is not None and (self.arena.lane_of(job.id) is not None or job.id in self.arena.queue):
+            admitted = self.arena.release(job.id, in_flight=self._in_flight_jobs())
+        self._log(job, f"{reason} after {job.steps_done} steps")
+        if job.log_file is not None:
+            job.log_file.close()
+            job.log_file = None
+        job.done_event.set()
+        self._cv.notify_all()
+        return admitted
+
+    # ------------------------------------------------------------------ lane workers
+    def _lane_main(self, lane: int) -> None:
+        in_flight: deque[_InFlight] = deque()
+        while True:
+            with self._cv:
+                chores = self._chores(lane)
+                pick = None
+                if not chores and len(in_flight) <= self.dispatch_ahead and not self._closed:
+                    pick = self._pick(lane)
+                if not chores and pick is None and not in_flight:
+                    if self._closed or not self._lane_open(lane):
+                        self._workers.pop(lane, None)
+                        self._cv.notify_all()
+                        return
+                    self._cv.wait(timeout=0.5)
+                    continue
+            if chores:
+                self._finish(chores)
+            elif pick is not None:
+                self._dispatch(lane, *pick, in_flight)
+            else:
+                self._complete(lane, in_flight.popleft())
+
+    def _lane_open(self, lane: int) -> bool:
+        return any(info.id == lane for info in self.arena.lanes())
+
+    def _chores(self, lane: int) -> list[JobRecord]:
+        """Jobs of this lane that have nothing in flight and must end (lock held)."""
+        return [j for j in self._jobs.values()
+                if j.lane == lane and j.status not in TERMINAL and j.in_flight == 0
+                and (j.stop_reason is not None or j.data_done or j.steps_left == 0)]
+
+    def _finish(self, jobs: list[JobRecord]) -> None:
+        """End jobs with nothing in flight: fetch a finished job's state to the host (outside the
+        lock: it is a device-to-host copy), free their memory, start what the memory admits."""
+        for job in jobs:
+            if job.stop_reason is None:
+                try:
+                    host = jax.device_get(job.state)
+                except Exception as err:  # noqa: BLE001 - the last step failed on the device
+                    with self._cv:
+                        self._fail(job, f"its final state could not be read: {short_error(err)}", err)
+                else:
+                    with self._cv:
+                        job.host_state = host
+                        if job.stop_reason is None:
+                            job.stop_reason = DONE
+            with self._cv:
+                started = self._finalize(job)
+            self._start_all(started)
+
+    def _in_flight_jobs(self) -> frozenset[int]:
+        return frozenset(j.id for j in self._jobs.values() if j.in_flight > 0)
+
+    def _runnable(self, job: JobRecord) -> bool:
+        """Whether the job can step now (lock held). Consumes END/DataError markers as it looks."""
+        if job.status != RUNNING or job.paused or job.stop_reason is not None or job.data_done:
+            return False
+        if job.prefetcher is None or not job.prefetcher.ready():
+            return False
+        head = job.prefetcher._head
+        if head is END or isinstance(head, DataError):
+            job.prefetcher.take()
+            if head is END:
+                job.data_done = True
+            else:
+                self._fail(job, f"its data raised while producing batch {head.step}: "
+                                f"{short_error(head.error)}", head.error)
+            self._cv.notify_all()  # the job's lane worker ends it (see _chores)
+            return False
+        return True
+
+    def _view(self) -> sched.View:
+        jobs = []
+        for job in self._jobs.values():
+            if job.lane is None or not self._runnable(job):
+                continue
+            current, turn = self._lane_turn.get(job.lane, (-1, 0))
+            jobs.append(sched.JobView(
+                id=job.id, name=job.name, arrival=job.arrival_s, priority=job.priority,
+                steps_done=job.steps_dispatched, steps_left=job.steps_left,
+                step_time_s=job.step_estimate_s(), device_time_s=job.device_time_s,
+                lane=job.lane, last_seq=job.last_seq,
+                turn_steps=turn if current == job.id else 0))
+        lanes = tuple(sorted(self._workers))
+        return sched.View(now=now_s() - self.t0, jobs=tuple(jobs), lanes=lanes, quantum=self.quantum)
+
+    def _pick(self, lane: int) -> tuple[JobRecord, Any] | None:
+        """Ask the policy what this lane runs next and take that job's batch (lock held)."""
+        if self.policy.exclusive and any(n for l, n in self._lane_in_flight.items() if l != lane):
+            return None  # exclusive policies: one lane on the device at a time, exactly
+        view = self._view()
+        decision, self._policy_state = self.policy.pick(view, self._policy_state)
+        job_id = decision.run.get(lane)
+        if job_id is None:
+            return None
+        job = self._jobs[job_id]
+        batch = job.prefetcher.take()
+        step = job.spec.start_step + job.steps_dispatched
+        job.steps_dispatched += 1
+        job.in_flight += 1
+        self._seq += 1
+        job.last_seq = self._seq
+        current, turn = self._lane_turn.get(lane, (-1, 0))
+        self._lane_turn[lane] = (job.id, turn + 1 if current == job.id else 1)
+        self._lane_in_flight[lane] = self._lane_in_flight.get(lane, 0) + 1
+        self._account_peak()
+        return job, step, batch
+
+    def _account_peak(self) -> None:
+        """The runtime's record of the memory that may be in use now: every resident job's
+        persistent + staged bytes, plus the ephemeral region of each lane with a step in flight."""
+        in_use = 0
+        for info in self.arena.lanes():
+            in_use += info.persistent
+            if self._lane_in_flight.get(info.id, 0) > 0:
+                in_use += info.ephemeral
+        self.peak_in_flight_bytes = max(self.peak_in_flight_bytes, in_use)
+
+    def _dispatch(self, lane: int, job: JobRecord, step: int, batch: Any, in_flight: deque) -> None:
+        t = ffi.now_ns() if self._ring is not None else _host_ns()
+        try:
+            outputs = job.compiled.executable(job.state, batch)
+        except Exception as err:  # noqa: BLE001 - e.g. a batch that does not match the compile
+            cause = _dispatch_error(job, step, batch, err)
+            with self._cv:
+                job.in_flight -= 1
+                self._lane_in_flight[lane] -= 1
+                self._fail(job, cause, err)
+            return
+        job.state = outputs[0]
+        in_flight.append(_InFlight(job, step, outputs, t))
+
+    def _complete(self, lane: int, item: _InFlight) -> None:
+        """Wait for the oldest in-flight step of this lane and account for it."""
+        job = item.job
+        metrics, err = None, None
+        try:
+            # A sync point by design: the lane's pipeline is full, so the host waits here while
+            # the next step (already dispatched) keeps the device busy.
+            metrics = _scalars(jax.device_get(item.outputs[1]))
+        except Exception as e:  # noqa: BLE001 - a step that fails on the device fails its job
+            err = e
+        t_end = _host_ns()
+        with self._cv:
+            job.in_flight -= 1
+            self._lane_in_flight[lane] -= 1
+            if err is not None:
+                self._fail(job, f"step {item.step} raised: {short_error(err)}", err)
+            else:
+                # A step that completed counts even if the job failed after it was dispatched
+                # (a later batch was bad): its work is real and its metrics are logged.
+                job.steps_done += 1
+                job.last_metrics = metrics
+                if job.first_metrics is None:
+                    job.first_metrics = metrics
+                self._write_metrics(job, item.step, metrics)
+                bad = [k for k, v in metrics.items() if not np.isfinite(v)]
+                if bad and job.spec.nan_policy == "fail":
+                    self._fail(job, f"non-finite metric {bad[0]}={metrics[bad[0]]} at step {item.step} "
+                                    "(nan_policy='fail')")
+            if self._ring is not None:
+                self._drain_fences()
+            else:
+                self._host_timing(lane, job, item, t_end)
+            started = self.arena.retry(in_flight=self._in_flight_jobs()) if self.arena.queue else []
+            self._cv.notify_all()
+        self._start_all(started)
+
+    # ------------------------------------------------------------------ timing
+    def _notify(self) -> None:
+        with self._cv:
+            self._cv.notify_all()
+
+    def _drain_fences(self) -> None:
+        """Pair begin/end fence events into executed-step records (lock held)."""
+        if self._ring is None:
+            return
+        events = ffi.drain(self._ring)
+        for ev in events:
+            jid, t = int(ev["job"]), int(ev["t_ns"])
+            if ev["kind"] == 0:
+                self._open_begins[jid] = t
+                continue
+            t0 = self._open_begins.pop(jid, None)
+            job = self._jobs.get(jid)
+            if t0 is None or job is None:
+                continue
+            self._record_step(job, int(ev["lane"]), t0, t)
+
+    def _host_timing(self, lane: int, job: JobRecord, item: _InFlight, t_end: int) -> None:
+        """Without fences: a step's device interval is approximated from the host: it started
+        when dispatched or when the lane's previous step ended, whichever was later."""
+        t0 = max(item.t_dispatch_ns, self._host_times.get(lane, 0))
+        self._host_times[lane] = t_end
+        self._record_step(job, lane, t0, t_end)
+
+    def _record_step(self, job: JobRecord, lane: int, t0: int, t1: int) -> None:
+        dt = max(t1 - t0, 0) / 1e9
+        job.device_time_s += dt
+        job.step_times.append(dt)
+        job.step_time_s = dt if job.step_time_s is None else (1 - _EMA) * job.step_time_s + _EMA * dt
+        self._timeline.append(StepRecord(job.id, lane, len(job.step_times), t0, t1))
+
+    # ------------------------------------------------------------------ logs
+    def _open_log(self, job: JobRecord) -> None:
+        if self.log_dir is None:
+            return
+        d = self.log_dir / _safe(job.name)
+        d.mkdir(parents=True, exist_ok=True)
+        job.log_file = open(d / "metrics.jsonl", "a", buffering=1 << 16)
+        (d / "log.txt").touch()
+
+    def _log(self, job: JobRecord, line: str) -> None:
+        if self.log_dir is None:
+            return
+        with open(self.log_dir / _safe(job.name) / "log.txt", "a") as f:
+            f.write(line.rstrip("\n") + "\n")
+
+    def _write_metrics(self, job: JobRecord, step: int, metrics: dict[str, float]) -> None:
+        if job.log_file is not None:
+            row = {"step": step, "time_s": round(now_s() - self.t0, 6), **metrics}
+            job.log_file.write(json.dumps(row) + "\n")
+
+
+def _host_ns() -> int:
+    import time
+    return time.monotonic_ns()
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_.=," else "_" for c in name)
+
+
+def _scalars(metrics: Any) -> dict[str, float]:
+    """Flatten a metrics pytree of scalars into {"a/b": float}."""
+    if metrics is None:
+        return {}
+    flat, _ = jax.tree_util.tree_flatten_with_path(metrics)
+    out = {}
+    for path, value in flat:
+        key = "/".join(str(getattr(p, "key", getattr(p, "idx", getattr(p, "name", p)))) for p in path)
+        arr = np.asarray(value)
+        out[key or "value"] = float(arr) if arr.size == 1 else float(arr.mean())
+    return out
+
+
+def _dispatch_error(job: JobRecord, step: int, batch: Any, err: Exception) -> str:
+    want = jax.tree.map(lambda s: f"{s.dtype}{list(s.shape)}", job.compiled.batch_struct)
+    got = jax.tree.map(lambda x: f"{getattr(x, 'dtype', type(x).__name__)}{list(np.shape(x))}", batch)
+    if want != got:
+        return f"batch {step} does not match the compiled step: expected {want}, got {got}"
+    return f"step {step} raised: {short_error(err)}"
+
+
+def short_error(err: BaseException) -> str:
+    """``Type: message`` on one line; for XLA's wrapped errors (a host callback's traceback inside
+    a JaxRuntimeError) the last line, which names the original exception. The full text goes to
+    the job's log."""
+    lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
+    if not lines:
+        return type(err).__name__
+    if len(lines) == 1:
+        return f"{type(err).__name__}: {lines[0]}"
+    return f"{type(err).__name__}: {lines[0][:120]} ... {lines[-1].strip()}"
+
+
+def run(specs: Iterable[JobSpec], *, policy: str = "pack", memory: int | str | None = None,
+        return_exceptions: bool = False, **runtime_kwargs: Any) -> list[tuple[Any, Any] | BaseException]:
+    """Run ``specs`` in one Runtime and return each job's ``(state, metrics)``, in order.
+
+    If a job fails, its JobFailed is raised after every job has ended (so the others' work is
+    not lost), unless ``return_exceptions=True``, which puts the exception in its slot instead.
+    """
+    with Runtime(policy=policy, memory=memory, **runtime_kwargs) as rt:
+        handles = rt.submit_many(specs)
+        rt.wait()
+    results: list[Any] = []
+    for h in handles:
+        try:
+            results.append(h.result())
+        except XShareError as err:
+            if not return_exceptions:
+                raise
+            results.append(err)
+    return results
+
+
+__all__ = ["Runtime", "JobHandle", "run", "Progress", "format_bytes"]
