@@ -53,3 +53,26 @@ def assert_trees_equal(a, b):
     assert len(la) == len(lb)
     for x, y in zip(la, lb):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+@xshare.job
+def heavy_step(state, batch):
+    """A step of a few milliseconds on CPU: long enough that scheduling latencies are small
+    next to it (used where a test counts steps around an event)."""
+    h = batch["x"]
+    for _ in range(4):
+        h = jnp.tanh(h @ state["w"])
+    loss = jnp.mean(h ** 2)
+    return {"w": state["w"] * 0.999 + 1e-4 * (h.T @ h), "n": state["n"] + 1}, {"loss": loss}
+
+
+def heavy_state(dim: int = 256, seed: int = 0):
+    w = np.random.default_rng(seed).normal(size=(dim, dim)).astype(np.float32) / np.sqrt(dim)
+    return {"w": jnp.asarray(w), "n": jnp.zeros((), jnp.int32)}
+
+
+def heavy_data(dim: int = 256, batch: int = 256, seed: int = 0):
+    def data(step: int):
+        return {"x": np.random.default_rng((seed, step)).normal(size=(batch, dim)).astype(np.float32)}
+
+    return data

@@ -34,6 +34,7 @@ class JobSpec:
     start_step: int = 0
     nan_policy: str = "ignore"
     meta: Mapping[str, Any] = field(default_factory=dict)
+    observer: Callable[[int, Mapping[str, float], float], Mapping[str, float] | None] | None = None
 
     @property
     def fn(self) -> Callable:
@@ -78,6 +79,7 @@ class Job:
         priority: int = 0,
         nan_policy: str = "ignore",
         meta: Mapping[str, Any] | None = None,
+        observer: Callable[[int, Mapping[str, float], float], Mapping[str, float] | None] | None = None,
     ) -> JobSpec:
         """Package this step with its initial state and data into a job a Runtime can run.
 
@@ -94,6 +96,10 @@ class Job:
           priority: larger runs first under the ``priority`` policy.
           nan_policy: ``"ignore"`` or ``"fail"`` (fail the job when a metric turns non-finite).
           meta: free-form labels (e.g. the launch parameters), shown in status and summaries.
+          observer: called on the host after each step completes as
+            ``observer(step, metrics, t_done)`` (``t_done`` on ``time.monotonic()``'s clock); the
+            mapping it returns is merged into that step's metrics. Inference jobs use it to turn
+            request arrival times into latency percentiles.
         """
         if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool) or steps < 0):
             raise ValueError(f"steps={steps!r} must be a non-negative int, or None to run until data ends")
@@ -114,6 +120,7 @@ class Job:
             priority=priority,
             nan_policy=nan_policy,
             meta=dict(meta or {}),
+            observer=observer,
         )
 
     def __repr__(self) -> str:

@@ -65,6 +65,7 @@ class JobRecord:
     data_done: bool = False
     stop_reason: str | None = None         # set when the job must stop: DONE/FAILED/CANCELLED
     paused: bool = False
+    hold_for_checkpoint: int | None = None  # step whose output state must be saved before the next
     # Results and timing.
     error: str | None = None
     first_metrics: dict[str, float] | None = None

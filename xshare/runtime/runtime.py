@@ -35,6 +35,7 @@ from .._job import JobSpec
 from .._units import format_bytes
 from ..memory import Admitted, Arena
 from ..memory.device import arena_capacity
+from . import checkpoint
 from .compiler import compile_step
 from .records import (CANCELLED, DONE, FAILED, PAUSED, QUEUED, RUNNING, TERMINAL, JobRecord,
                       Progress, StepRecord, now_s)
@@ -122,11 +123,21 @@ class Runtime:
       dispatch_ahead: steps queued on a lane behind the executing one (0 disables pipelining).
       fences: compile FFI step fences into every job (default: on unless ``XSHARE_FFI=0``).
       device: the device to own (default: ``jax.devices()[0]``).
+      status_port: serve ``/status`` and ``/metrics`` over HTTP on this port (0 picks a free one)
+        for ``xshare top`` and Prometheus; None serves nothing. Binds ``status_host``
+        (loopback unless you ask otherwise).
+      checkpoint_dir: where each job's ``{name}/checkpoint.msgpack`` goes (default: ``log_dir``).
+      checkpoint_every: save every N steps (and when a job finishes, and on ``stop()``).
+      resume: continue each submitted job from its checkpoint in ``checkpoint_dir`` if there is
+        one (a finished job comes back done at once, with its saved final state).
     """
 
     def __init__(self, policy: str | Any = "pack", memory: int | str | None = None, *,
                  quantum: int = 1, log_dir: str | os.PathLike | None = None, prefetch: int = 2,
-                 dispatch_ahead: int = 1, fences: bool | None = None, device: Any = None):
+                 dispatch_ahead: int = 1, fences: bool | None = None, device: Any = None,
+                 status_port: int | None = None, status_host: str = "127.0.0.1",
+                 checkpoint_dir: str | os.PathLike | None = None, checkpoint_every: int | None = None,
+                 resume: bool = False):
         if not isinstance(quantum, int) or quantum < 1:
             raise ValueError(f"quantum={quantum!r} must be an int >= 1 (steps per turn)")
         if not isinstance(prefetch, int) or prefetch < 1:
@@ -141,6 +152,15 @@ class Runtime:
         self.prefetch = prefetch
         self.dispatch_ahead = dispatch_ahead
         self.log_dir = Path(log_dir) if log_dir is not None else None
+        if checkpoint_every is not None and (not isinstance(checkpoint_every, int) or checkpoint_every < 1):
+            raise ValueError(f"checkpoint_every={checkpoint_every!r} must be an int >= 1 (steps), or None")
+        ckpt = checkpoint_dir if checkpoint_dir is not None else log_dir
+        if (checkpoint_every is not None or resume) and ckpt is None:
+            raise ValueError("checkpoint_every/resume need a checkpoint_dir (or log_dir) to keep checkpoints in")
+        self.checkpoint_dir = Path(ckpt) if ckpt is not None and (checkpoint_every or resume) else None
+        self.checkpoint_every = checkpoint_every
+        self._resume = resume
+        self._draining = False
         use_fences = ffi.enabled() if fences is None else bool(fences)
         if use_fences and not ffi.available():
             raise XShareError("fences=True but the xshare FFI library is not available: "
@@ -162,6 +182,11 @@ class Runtime:
         self._closed = False
         self.peak_in_flight_bytes = 0
         self.t0 = now_s()
+        self.status_server = None
+        if status_port is not None:
+            from .server import StatusServer
+            self.status_server = StatusServer(self, host=status_host, port=status_port)
+            self.status_server.start()
 
     # ------------------------------------------------------------------ public API
     @property
@@ -179,9 +204,10 @@ class Runtime:
         """Submit several jobs that start together: all are compiled first, then admitted in
         order, so no job gets a head start from the others' compile time. If one can never fit,
         AdmissionError is raised and none of them is submitted."""
-        specs = list(specs)
-        jobs = [self._register(spec) for spec in specs]
+        jobs: list[JobRecord] = []
         try:
+            for spec in specs:
+                jobs.append(self._register(spec))
             for job in jobs:
                 self._compile(job)
             with self._cv:
@@ -213,12 +239,33 @@ class Runtime:
             self._next_id += 1
             self._jobs[job.id] = job
             self._handles[job.id] = JobHandle(self, job)
+        try:
+            saved = self._restore(job) if self._resume else None
+        except BaseException:
+            self._forget(job)
+            raise
         self._open_log(job)
+        if saved is not None and saved.done:
+            with self._cv:
+                job.host_state, job.last_metrics, job.stop_reason = saved.state, saved.metrics, DONE
+                self._log(job, f"resumed: already done at step {saved.step}")
+                self._finalize(job)
         return job
+
+    def _restore(self, job: JobRecord) -> checkpoint.Checkpoint | None:
+        """Continue ``job`` from its checkpoint: its spec starts at the saved step and state."""
+        saved = checkpoint.load(checkpoint.path_for(self.checkpoint_dir, _safe(job.name)),
+                                job.spec.state, job=job.name)
+        if saved is not None and not saved.done:
+            job.spec = job.spec.replace(state=saved.state, start_step=saved.step)
+            job.last_metrics = saved.metrics
+        return saved
 
     def _compile(self, job: JobRecord) -> None:
         """Compile a registered job; a job that cannot compile (or has no data) ends at once."""
         spec = job.spec
+        if job.status in TERMINAL:  # resumed as already done
+            return
         try:
             job.source = BatchSource(spec.data, start=spec.start_step, stop=spec.steps)
             first = job.source.peek()
@@ -332,6 +379,26 @@ class Runtime:
             self._drain_fences()
             return sorted(self._timeline, key=lambda r: r.t_begin_ns)
 
+    def stop(self, *, checkpoint: bool = True, timeout: float | None = None) -> None:
+        """Graceful shutdown: dispatch nothing new, let the steps in flight finish, checkpoint
+        every unfinished job (when checkpointing is configured), then close. Nothing done is lost:
+        a later ``Runtime(resume=True)`` continues from exactly here."""
+        with self._cv:
+            self._draining = True
+            self._cv.notify_all()
+            deadline = None if timeout is None else now_s() + timeout
+            while any(self._lane_in_flight.values()) or any(j.hold_for_checkpoint is not None
+                                                            for j in self._jobs.values()):
+                if deadline is not None and now_s() > deadline:
+                    break
+                self._cv.wait(timeout=0.1)
+            live = [j for j in self._jobs.values()
+                    if j.status not in TERMINAL and j.state is not None and j.in_flight == 0]
+        if checkpoint and self.checkpoint_dir is not None:
+            for job in live:
+                self._save_checkpoint(job, job.spec.start_step + job.steps_done, job.state, done=False)
+        self.close()
+
     def close(self) -> None:
         """Cancel whatever still runs, stop the workers and release the device state."""
         with self._cv:
@@ -354,6 +421,8 @@ class Runtime:
         if self._ring is not None:
             ffi.close_ring(self._ring)
             self._ring = None
+        if self.status_server is not None:
+            self.status_server.stop()
 
     def __enter__(self) -> "Runtime":
         return self
@@ -496,6 +565,8 @@ class Runtime:
                     with self._cv:
                         self._fail(job, f"its final state could not be read: {short_error(err)}", err)
                 else:
+                    if self.checkpoint_dir is not None:
+                        self._save_checkpoint(job, job.spec.start_step + job.steps_done, host, done=True)
                     with self._cv:
                         job.host_state = host
                         if job.stop_reason is None:
@@ -507,11 +578,15 @@ class Runtime:
     def _in_flight_jobs(self) -> frozenset[int]:
         return frozenset(j.id for j in self._jobs.values() if j.in_flight > 0)
 
-    def _runnable(self, job: JobRecord) -> bool:
-        """Whether the job can step now (lock held). Consumes END/DataError markers as it looks."""
-        if job.status != RUNNING or job.paused or job.stop_reason is not None or job.data_done:
-            return False
-        if job.prefetcher is None or not job.prefetcher.ready():
+    def _live(self, job: JobRecord) -> bool:
+        """Whether the job may step at all now (lock held): running, not paused/held/stopping."""
+        return not (job.status != RUNNING or job.paused or job.stop_reason is not None or job.data_done
+                    or job.hold_for_checkpoint is not None or self._draining or job.prefetcher is None)
+
+    def _ready(self, job: JobRecord) -> bool:
+        """Whether a live job's next batch is on the device (lock held). Consumes the END and
+        DataError markers as it meets them, ending the job through its lane's chores."""
+        if not job.prefetcher.ready():
             return False
         head = job.prefetcher._head
         if head is END or isinstance(head, DataError):
@@ -527,8 +602,14 @@ class Runtime:
 
     def _view(self) -> sched.View:
         jobs = []
+        # Exclusive policies decide which one job owns the device: a job waiting for its next
+        # batch keeps it (the device idles, as under exclusive allocation) rather than letting a
+        # lower-ranked job slip in. Sharing policies only consider jobs that can step at once.
+        ready_only = not self.policy.exclusive
         for job in self._jobs.values():
-            if job.lane is None or not self._runnable(job):
+            if job.lane is None or not self._live(job):
+                continue
+            if not self._ready(job) and (ready_only or not self._live(job)):
                 continue
             current, turn = self._lane_turn.get(job.lane, (-1, 0))
             jobs.append(sched.JobView(
@@ -550,9 +631,15 @@ class Runtime:
         if job_id is None:
             return None
         job = self._jobs[job_id]
+        if not job.prefetcher.ready():
+            return None  # the chosen job waits for its data; a prefetch wakes this lane
         batch = job.prefetcher.take()
         step = job.spec.start_step + job.steps_dispatched
         job.steps_dispatched += 1
+        if self.checkpoint_every and (step + 1) % self.checkpoint_every == 0 and job.steps_left:
+            # Its next step would consume (donate) this step's output state: hold the job until
+            # the state is copied out for the checkpoint. Other jobs keep the device busy.
+            job.hold_for_checkpoint = step
         job.in_flight += 1
         self._seq += 1
         job.last_seq = self._seq
@@ -606,6 +693,8 @@ class Runtime:
                 # A step that completed counts even if the job failed after it was dispatched
                 # (a later batch was bad): its work is real and its metrics are logged.
                 job.steps_done += 1
+                if job.spec.observer is not None:
+                    metrics = self._observe(job, item.step, metrics, t_end)
                 job.last_metrics = metrics
                 if job.first_metrics is None:
                     job.first_metrics = metrics
@@ -619,8 +708,35 @@ class Runtime:
             else:
                 self._host_timing(lane, job, item, t_end)
             started = self.arena.retry(in_flight=self._in_flight_jobs()) if self.arena.queue else []
+            save = job.hold_for_checkpoint == item.step and err is None and job.stop_reason is None
             self._cv.notify_all()
+        if save:
+            self._save_checkpoint(job, item.step + 1, item.outputs[0], done=False)
+        if job.hold_for_checkpoint == item.step:
+            with self._cv:
+                job.hold_for_checkpoint = None
+                self._cv.notify_all()
         self._start_all(started)
+
+    def _save_checkpoint(self, job: JobRecord, step: int, state: Any, *, done: bool) -> None:
+        """Copy ``state`` to the host and write it (outside the lock). A failed write is logged and
+        fails nothing: the job goes on and the previous checkpoint stays valid."""
+        try:
+            host = state if done else jax.device_get(state)
+            checkpoint.save(checkpoint.path_for(self.checkpoint_dir, _safe(job.name)), step=step,
+                            state=host, metrics=job.last_metrics, done=done)
+        except Exception as err:  # noqa: BLE001
+            log.warning("job %r: checkpoint at step %d failed: %s", job.name, step, err)
+            self._log(job, f"checkpoint at step {step} failed: {short_error(err)}")
+
+    def _observe(self, job: JobRecord, step: int, metrics: dict[str, float], t_end_ns: int) -> dict[str, float]:
+        """Run the job's observer (lock held: observers must be quick); its failure fails the job."""
+        try:
+            extra = job.spec.observer(step, metrics, t_end_ns / 1e9)
+        except Exception as err:  # noqa: BLE001
+            self._fail(job, f"its observer raised at step {step}: {short_error(err)}", err)
+            return metrics
+        return {**metrics, **{k: float(v) for k, v in (extra or {}).items()}}
 
     # ------------------------------------------------------------------ timing
     def _notify(self) -> None:
@@ -663,7 +779,14 @@ class Runtime:
             return
         d = self.log_dir / _safe(job.name)
         d.mkdir(parents=True, exist_ok=True)
-        job.log_file = open(d / "metrics.jsonl", "a", buffering=1 << 16)
+        metrics_path = d / "metrics.jsonl"
+        if self._resume and metrics_path.exists():
+            # Steps after the checkpoint ran but their state was lost: they run again, so their
+            # old rows go (the file then reads exactly like an uninterrupted run's).
+            keep = [ln for ln in metrics_path.read_text().splitlines()
+                    if ln.strip() and json.loads(ln).get("step", -1) < job.spec.start_step]
+            metrics_path.write_text("".join(ln + "\n" for ln in keep))
+        job.log_file = open(metrics_path, "a", buffering=1 << 16)
         (d / "log.txt").touch()
 
     def _log(self, job: JobRecord, line: str) -> None:
