@@ -66,6 +66,8 @@ class JobRecord:
     stop_reason: str | None = None         # set when the job must stop: DONE/FAILED/CANCELLED
     paused: bool = False
     hold_for_checkpoint: int | None = None  # step whose output state must be saved before the next
+    offload: bool = False                   # pause(offload=True): move the state to host memory
+    swapped: bool = False                   # the state lives in host memory; its P is not charged
     # Results and timing.
     error: str | None = None
     first_metrics: dict[str, float] | None = None

@@ -94,8 +94,8 @@ class JobHandle:
             raise JobCancelled(f"job {self.name!r} was cancelled at step {self._rec.steps_done}")
         return self._rec.host_state, self._rec.last_metrics
 
-    def pause(self) -> None:
-        self._rt.pause(self)
+    def pause(self, *, offload: bool = False) -> None:
+        self._rt.pause(self, offload=offload)
 
     def resume(self) -> None:
         self._rt.resume(self)
@@ -332,24 +332,36 @@ class Runtime:
             names = ", ".join(sorted(self._names)) or "(none)"
         raise KeyError(f"no job {job!r} in this runtime; jobs: {names}")
 
-    def pause(self, job: str | int | JobHandle) -> None:
-        """Stop dispatching the job's steps (its state stays resident); ``resume`` continues."""
+    def pause(self, job: str | int | JobHandle, *, offload: bool = False) -> None:
+        """Stop dispatching the job's steps; ``resume`` continues exactly where it stopped.
+
+        With ``offload=True`` the job's state also moves to host memory (``pinned_host`` where
+        the device has it) once its in-flight steps finish, and its persistent bytes go back to
+        the arena, so a queued job can be admitted in its place. ``resume`` moves it back as
+        soon as its lane has room again; the job's results are unchanged by the round trip.
+        """
         rec = self.handle(job)._rec
         with self._cv:
             if rec.status in TERMINAL:
                 raise XShareError(f"job {rec.name!r} is {rec.status}; only live jobs can be paused")
             rec.paused = True
+            rec.offload = rec.offload or offload
             if rec.status == RUNNING:
                 rec.status = PAUSED
             self._cv.notify_all()
 
     def resume(self, job: str | int | JobHandle) -> None:
+        """Let a paused job step again (after its state is back on the device, if offloaded)."""
         rec = self.handle(job)._rec
         with self._cv:
+            if rec.status in TERMINAL:
+                raise XShareError(f"job {rec.name!r} is {rec.status}; only live jobs can be resumed")
             rec.paused = False
-            if rec.status == PAUSED:
+            rec.offload = False
+            if rec.status == PAUSED and not rec.swapped:
                 rec.status = RUNNING
             self._cv.notify_all()
+        self._swap_in_waiting()
 
     def cancel(self, job: str | int | JobHandle) -> None:
         """End the job after its in-flight steps; its memory goes to the next queued job."""
@@ -463,8 +475,12 @@ class Runtime:
         self._start_all(started)
 
     def _start_all(self, admitted: Iterable[Admitted]) -> None:
+        """Start newly admitted jobs (lock not held); then, since memory may have been freed,
+        bring back resumed jobs whose state waits in host memory."""
         for placed in admitted:
             self._start(self._jobs[placed.job_id], placed.lane_id)
+        if self._waiting_swap_in():
+            self._swap_in_waiting()
 
     def _ensure_worker(self, lane: int) -> None:
         if lane not in self._workers:
@@ -528,6 +544,12 @@ class Runtime:
         while True:
             with self._cv:
                 chores = self._chores(lane)
+                offloads = [] if chores else self._offloads(lane)
+            if offloads:
+                self._swap_out(offloads)
+                continue
+            with self._cv:
+                chores = self._chores(lane)
                 pick = None
                 if not chores and len(in_flight) <= self.dispatch_ahead and not self._closed:
                     pick = self._pick(lane)
@@ -553,6 +575,56 @@ class Runtime:
         return [j for j in self._jobs.values()
                 if j.lane == lane and j.status not in TERMINAL and j.in_flight == 0
                 and (j.stop_reason is not None or j.data_done or j.steps_left == 0)]
+
+    def _offloads(self, lane: int) -> list[JobRecord]:
+        """Paused jobs of this lane whose state should move to the host now (lock held)."""
+        return [j for j in self._jobs.values()
+                if j.lane == lane and j.offload and not j.swapped and j.in_flight == 0
+                and j.status == PAUSED and j.hold_for_checkpoint is None and j.state is not None]
+
+    def _host_memory(self):
+        kinds = {m.kind for m in self.device.addressable_memories()}
+        kind = "pinned_host" if "pinned_host" in kinds else ("unpinned_host" if "unpinned_host" in kinds else None)
+        return jax.sharding.SingleDeviceSharding(self.device, memory_kind=kind) if kind else None
+
+    def _swap_out(self, jobs: list[JobRecord]) -> None:
+        """Move paused jobs' states to host memory and give their bytes to queued jobs."""
+        target = self._host_memory()
+        for job in jobs:
+            # A device-to-host copy (outside the lock); with no host memory space, numpy.
+            host = jax.device_put(job.state, target) if target is not None else jax.device_get(job.state)
+            jax.block_until_ready(host)
+            with self._cv:
+                if not job.offload or job.swapped:  # resumed meanwhile: keep it on the device
+                    continue
+                job.state, job.swapped = host, True
+                self.arena.swap_out(job.id)
+                self._log(job, "state offloaded to host memory")
+                started = self.arena.retry(in_flight=self._in_flight_jobs())
+                self._cv.notify_all()
+            self._start_all(started)
+
+    def _waiting_swap_in(self) -> bool:
+        with self._cv:
+            return any(j.swapped and not j.paused for j in self._jobs.values())
+
+    def _swap_in_waiting(self) -> None:
+        """Bring resumed, offloaded jobs back to the device where their lanes have room."""
+        with self._cv:
+            back = [j for j in self._jobs.values()
+                    if j.swapped and not j.paused and j.status == PAUSED
+                    and self.arena.swap_in(j.id, in_flight=self._in_flight_jobs())]
+            for job in back:
+                job.swapped = False  # reserved in the arena; the copy follows
+        device_memory = jax.sharding.SingleDeviceSharding(
+            self.device, memory_kind=self.device.default_memory().kind)
+        for job in back:
+            state = jax.device_put(job.state, device_memory, may_alias=False)
+            with self._cv:
+                job.state = state
+                job.status = RUNNING if not job.paused else PAUSED
+                self._log(job, "state back on the device")
+                self._cv.notify_all()
 
     def _finish(self, jobs: list[JobRecord]) -> None:
         """End jobs with nothing in flight: fetch a finished job's state to the host (outside the
