@@ -407,9 +407,3 @@ def test_python_dash_m_xshare_help():
         assert command in proc.stdout
     proc = subprocess.run([sys.executable, "-m", "xshare", "launch", "--help"], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and "--dry-run" in proc.stdout
-
-
-@pytest.mark.parametrize("command", ["top", "bench"])
-def test_placeholders_say_not_yet_available(command, capsys):
-    assert main([command]) == 2
-    assert f"xshare {command}: not yet available" in capsys.readouterr().err

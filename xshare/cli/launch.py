@@ -22,7 +22,8 @@ _PLAIN_EVERY_S = 5.0  # off a terminal: one line per job this often
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "target", metavar="SPEC.toml | module:function", help="a TOML launch spec, or a factory returning a bound job"
+        "target", nargs="?", metavar="SPEC.toml | module:function",
+        help="a TOML launch spec, or a factory returning a bound job",
     )
     parser.add_argument("--policy", help="fifo, pack, srtf, fair or priority (overrides [runtime] policy)")
     parser.add_argument(
@@ -43,6 +44,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, help="steps per job (overrides the spec's steps)")
     parser.add_argument("--out", metavar="DIR", help="run directory (default runs/{YYYYmmdd-HHMMSS}-{spec name})")
     parser.add_argument("--dry-run", action="store_true", help="print the expanded jobs and exit without running")
+    parser.add_argument(
+        "--resume", metavar="RUN_DIR",
+        help="continue an interrupted launch: every unfinished job restarts from its last checkpoint",
+    )
+    parser.add_argument(
+        "--checkpoint-every", type=int, default=100, metavar="N",
+        help="checkpoint each job every N steps, at its end and on Ctrl-C/SIGTERM (default 100; 0 = only on exit)",
+    )
+    parser.add_argument(
+        "--status-port", type=int, default=0, metavar="PORT",
+        help="serve /status and /metrics on 127.0.0.1:PORT for xshare top (default 0 = any free port; -1 = off)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -52,6 +65,12 @@ def run(args: argparse.Namespace) -> int:
 
     out = render.console()
     _cwd_on_path()
+    if args.checkpoint_every is not None and args.checkpoint_every < 0:
+        return _usage_error(f"--checkpoint-every {args.checkpoint_every} must be >= 0")
+    if args.resume:
+        return _resume(args, out)
+    if not args.target:
+        return _usage_error("give a spec (SPEC.toml), an entry point (module:function), or --resume RUN_DIR")
     try:
         plan = _plan(args, specs)
         if args.dry_run:
@@ -62,7 +81,23 @@ def run(args: argparse.Namespace) -> int:
         return _usage_error(str(err))
     run_dir = _make_run_dir(args.out, plan.stem)
     (run_dir / "spec.json").write_text(json.dumps(_resolved(plan, run_dir), indent=2, default=str) + "\n")
-    return _run(plan, jobs, run_dir, out)
+    return _run(plan, jobs, run_dir, out, args)
+
+
+def _resume(args: argparse.Namespace, out: Any) -> int:
+    from xshare._errors import SpecError
+    from xshare.cli import spec as specs
+
+    run_dir = Path(args.resume)
+    record = run_dir / "spec.json"
+    if not record.is_file():
+        return _usage_error(f"--resume {args.resume}: no spec.json there; give a run directory made by xshare launch")
+    try:
+        plan = specs.plan_from_json(json.loads(record.read_text()), str(record))
+        jobs = specs.build_all(plan)
+    except (SpecError, ValueError) as err:
+        return _usage_error(str(err))
+    return _run(plan, jobs, run_dir, out, args, resume=True)
 
 
 def _plan(args: argparse.Namespace, specs: Any) -> Any:
@@ -118,7 +153,8 @@ def _resolved(plan: Any, run_dir: Path) -> dict[str, Any]:
     }
 
 
-def _run(plan: Any, jobs: list[Any], run_dir: Path, out: Any) -> int:
+def _run(plan: Any, jobs: list[Any], run_dir: Path, out: Any, args: argparse.Namespace,
+         resume: bool = False) -> int:
     import xshare
     from xshare._errors import AdmissionError, XShareError
     from xshare.cli import render
@@ -132,7 +168,10 @@ def _run(plan: Any, jobs: list[Any], run_dir: Path, out: Any) -> int:
     )
     start = time.monotonic()
     try:
-        rt = xshare.Runtime(**rt_opts.as_kwargs(), log_dir=str(run_dir))
+        rt = xshare.Runtime(
+            **rt_opts.as_kwargs(), log_dir=str(run_dir), checkpoint_dir=str(run_dir),
+            checkpoint_every=args.checkpoint_every or None, resume=resume,
+            status_port=None if args.status_port < 0 else args.status_port)
     except (ValueError, XShareError) as err:
         return _usage_error(f"cannot start the runtime: {err}")
     handles: list[Any] = []
@@ -146,9 +185,14 @@ def _run(plan: Any, jobs: list[Any], run_dir: Path, out: Any) -> int:
         except XShareError as err:
             return _usage_error(f"the runtime refused the jobs: {err}. Nothing was run.")
         try:
-            _watch(rt, handles, out, start, first_seen)
+            with _sigterm_as_interrupt():
+                _watch(rt, handles, out, start, first_seen)
         except KeyboardInterrupt:
-            _cancel(handles)
+            # Finish the steps in flight, checkpoint every unfinished job, then stop:
+            # `xshare launch --resume RUN_DIR` continues from exactly here.
+            out.print("interrupted: finishing steps in flight and checkpointing ...", markup=False, highlight=False)
+            rt.stop(checkpoint=True)
+            out.print(f"resume with: xshare launch --resume {run_dir}", markup=False, highlight=False)
             code = EXIT_INTERRUPTED
     except KeyboardInterrupt:  # while compiling: nothing has run yet
         return EXIT_INTERRUPTED
@@ -208,6 +252,26 @@ def _watch(rt: Any, handles: list[Any], out: Any, start: float, first_seen: dict
             next_line = now + _PLAIN_EVERY_S
         else:
             snapshot()
+
+
+class _sigterm_as_interrupt:
+    """SIGTERM (a scheduler preempting the launch) takes the same graceful path as Ctrl-C."""
+
+    def __enter__(self) -> None:
+        import signal
+
+        def handler(signum: int, frame: Any) -> None:
+            raise KeyboardInterrupt
+
+        self._signal = signal
+        try:
+            self._old = signal.signal(signal.SIGTERM, handler)
+        except ValueError:  # not the main thread (e.g. called from a test thread): leave it
+            self._old = None
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._old is not None:
+            self._signal.signal(self._signal.SIGTERM, self._old)
 
 
 def _cancel(handles: list[Any]) -> None:

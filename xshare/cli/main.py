@@ -35,13 +35,54 @@ def add_launch(subparsers: argparse._SubParsersAction) -> None:
 
 
 def add_top(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("top", help="live view of a running runtime (not yet available)")
-    parser.set_defaults(func=_not_yet("top"), takes_any_args=True)
+    from xshare.cli import top
+
+    parser = subparsers.add_parser(
+        "top",
+        help="live view of running runtimes: device, arena, lanes and jobs",
+        description=(
+            "Show what the running xshare runtimes are doing, from their status endpoints (found "
+            "through their discovery files, or --address). Live keys: q quit, up/down select a "
+            "job, p pause/resume it, s cycle the sort key. Off a terminal it prints once. Exit 1 "
+            "when no runtime is found."
+        ),
+        epilog=(
+            "examples:\n"
+            "  xshare top\n"
+            "  xshare top --once\n"
+            "  xshare top --json --interval 5 > status.ndjson\n"
+            "  xshare top --address 127.0.0.1:8470 --token $TOKEN"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    top.add_arguments(parser)
+    parser.set_defaults(func=top.run)
 
 
 def add_bench(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("bench", help="side-by-side sharing benchmarks (not yet available)")
-    parser.set_defaults(func=_not_yet("bench"), takes_any_args=True)
+    from xshare.cli import bench
+
+    parser = subparsers.add_parser(
+        "bench",
+        help="benchmark sharing against exclusive allocation and one process per job",
+        description=(
+            "Run workloads of JAX jobs in several modes, alternating and repeated: exclusive (one job "
+            "at a time, plain loop), processes (one process per job) and xshare:<policy> (one runtime). "
+            "Reports makespan, average JCT, aggregate steps/s, peak memory, utilization (achieved "
+            "FLOP/s over a measured matmul peak) and inference latency, as medians with ratios to "
+            "exclusive; writes results.json, results.md and results.png under --out. Exit 0 when every "
+            "run succeeded, 1 when one failed, 2 on a usage error."
+        ),
+        epilog=(
+            "examples:\n"
+            "  xshare bench --smoke\n"
+            "  xshare bench --workload sweep8 --modes exclusive,processes,xshare:pack --repeats 3\n"
+            "  xshare bench --workload examples/zoo.toml --steps 100 --out runs/zoo-bench"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    bench.add_arguments(parser)
+    parser.set_defaults(func=bench.run)
 
 
 def _not_yet(command: str) -> Callable[[argparse.Namespace], int]:

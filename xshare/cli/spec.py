@@ -441,5 +441,21 @@ def build(job: PlannedJob) -> JobSpec:
     return spec.replace(**changes)
 
 
+def plan_from_json(data: Mapping[str, Any], where: str) -> LaunchPlan:
+    """The plan a run directory's ``spec.json`` recorded (for ``xshare launch --resume``)."""
+    if data.get("schema") != "xshare.launch/v1":
+        raise SpecError(f"{where} is not an xshare launch record (schema {data.get('schema')!r}); "
+                        "--resume takes a run directory written by xshare launch")
+    rt = data.get("runtime") or {}
+    runtime = RuntimeOptions(policy=rt.get("policy", "pack"), memory=rt.get("memory"),
+                             quantum=rt.get("quantum", 1))
+    jobs = tuple(
+        PlannedJob(index=i, name=j["name"], entry=j["entry"], params=dict(j.get("params") or {}),
+                   steps=j.get("steps"), priority=j.get("priority"), origin=f"{where} job #{i}")
+        for i, j in enumerate(data.get("jobs") or []))
+    source = str(data.get("source", where))
+    return LaunchPlan(source=source, stem=Path(source).stem, runtime=runtime, jobs=jobs)
+
+
 def build_all(plan: LaunchPlan) -> list[JobSpec]:
     return [build(job) for job in plan.jobs]

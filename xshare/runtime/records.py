@@ -77,7 +77,8 @@ class JobRecord:
     step_time_s: float | None = None       # measured EMA; None until the first step
     started_s: float | None = None
     ended_s: float | None = None
-    queue_wait_s: float | None = None
+    queue_wait_s: float | None = None      # admission wait: from the end of compile to the start
+    compiled_s: float | None = None
     step_times: deque = field(default_factory=lambda: deque(maxlen=256))
     done_event: threading.Event = field(default_factory=threading.Event)
     log_file: Any = None

@@ -74,7 +74,7 @@ class JobHandle:
 
     def progress(self) -> Progress:
         with self._rt._cv:
-            return self._rec.progress(now_s())
+            return self._rec.progress(now_s() - self._rt.t0)
 
     @property
     def error(self) -> str | None:
@@ -126,6 +126,9 @@ class Runtime:
       status_port: serve ``/status`` and ``/metrics`` over HTTP on this port (0 picks a free one)
         for ``xshare top`` and Prometheus; None serves nothing. Binds ``status_host``
         (loopback unless you ask otherwise).
+      max_lanes: at most this many lanes (None: as many as memory allows). Lanes run in
+        parallel; beyond the device's parallelism (CPU cores) they only contend, so jobs then
+        share lanes and take turns.
       checkpoint_dir: where each job's ``{name}/checkpoint.msgpack`` goes (default: ``log_dir``).
       checkpoint_every: save every N steps (and when a job finishes, and on ``stop()``).
       resume: continue each submitted job from its checkpoint in ``checkpoint_dir`` if there is
@@ -137,7 +140,7 @@ class Runtime:
                  dispatch_ahead: int = 1, fences: bool | None = None, device: Any = None,
                  status_port: int | None = None, status_host: str = "127.0.0.1",
                  checkpoint_dir: str | os.PathLike | None = None, checkpoint_every: int | None = None,
-                 resume: bool = False):
+                 resume: bool = False, max_lanes: int | None = None):
         if not isinstance(quantum, int) or quantum < 1:
             raise ValueError(f"quantum={quantum!r} must be an int >= 1 (steps per turn)")
         if not isinstance(prefetch, int) or prefetch < 1:
@@ -147,7 +150,7 @@ class Runtime:
         self.policy = sched.get_policy(policy)
         self.device = device if device is not None else jax.devices()[0]
         capacity, self.capacity_source = arena_capacity(memory, self.device)
-        self.arena = Arena(capacity)
+        self.arena = Arena(capacity, max_lanes=max_lanes)
         self.quantum = quantum
         self.prefetch = prefetch
         self.dispatch_ahead = dispatch_ahead
@@ -186,7 +189,12 @@ class Runtime:
         if status_port is not None:
             from .server import StatusServer
             self.status_server = StatusServer(self, host=status_host, port=status_port)
-            self.status_server.start()
+            try:
+                self.status_server.start()
+            except BaseException:
+                if self._ring is not None:
+                    ffi.close_ring(self._ring)
+                raise
 
     # ------------------------------------------------------------------ public API
     @property
@@ -279,8 +287,10 @@ class Runtime:
             if first is END:
                 self._finish_empty(job)
                 return
+            job.compiled_s = None
             job.compiled = compile_step(spec.fn, spec.state, first, device=self.device, name=spec.name,
                                         job_id=job.id, ring_id=self._ring, prefetch=self.prefetch)
+            job.compiled_s = now_s() - self.t0
         except XShareError:
             raise
         except Exception as err:  # noqa: BLE001 - a broken job fails alone
@@ -465,7 +475,7 @@ class Runtime:
                 job.state, job.prefetcher, job.lane = state, prefetcher, lane
                 job.status = PAUSED if job.paused else RUNNING
                 job.started_s = now_s() - self.t0
-                job.queue_wait_s = job.started_s - job.arrival_s
+                job.queue_wait_s = job.started_s - (job.compiled_s if job.compiled_s is not None else job.arrival_s)
                 if self._ring is not None:
                     ffi.set_lane(job.id, lane)
                 prefetcher.start()
@@ -793,6 +803,8 @@ class Runtime:
     def _save_checkpoint(self, job: JobRecord, step: int, state: Any, *, done: bool) -> None:
         """Copy ``state`` to the host and write it (outside the lock). A failed write is logged and
         fails nothing: the job goes on and the previous checkpoint stays valid."""
+        if job.log_file is not None:
+            job.log_file.flush()  # the metrics rows up to the checkpoint survive a kill
         try:
             host = state if done else jax.device_get(state)
             checkpoint.save(checkpoint.path_for(self.checkpoint_dir, _safe(job.name)), step=step,

@@ -1,0 +1,328 @@
+"""The runtime's HTTP status API against a real runtime running real jobs: /status and its
+schema, /metrics as Prometheus text, token-guarded control, loopback binding, discovery, and
+nonsense requests that must never hurt the runtime."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import socket
+import stat
+import subprocess
+import sys
+import time
+from urllib.parse import quote
+
+import pytest
+
+from xshare.runtime import server as server_mod
+from xshare.runtime import status as status_mod
+from xshare.runtime.server import MAX_BODY_BYTES, discover
+
+from tests.status import ODD, get_status, job_row, request, runtime_dir, serving, wait_for  # noqa: F401
+
+NAMES = ("alpha", "beta", ODD)
+
+
+def steps_of(rt, name: str) -> int:
+    return job_row(get_status(rt), name)["steps_done"]
+
+
+def steady(rt, name: str) -> int | None:
+    """The job's step count if it did not change over 0.2 s (its in-flight steps drained)."""
+    first = steps_of(rt, name)
+    time.sleep(0.2)
+    return first if steps_of(rt, name) == first else None
+
+
+# ----------------------------------------------------------------------------------- /status
+
+def test_status_follows_the_schema_and_names_every_job(runtime_dir):
+    with serving(NAMES) as rt:
+        wait_for(lambda: all(j["steps_done"] >= 5 for j in get_status(rt)["jobs"]), what="5 steps each")
+        s = get_status(rt)
+        assert status_mod.validate(s) == []
+        assert s["schema"] == "xshare.status/v1"
+        assert sorted(j["name"] for j in s["jobs"]) == sorted(NAMES)
+        assert s["runtime"]["pid"] == os.getpid() and s["runtime"]["policy"] == "fair"
+        assert s["device"]["platform"] == "cpu"
+        # no GPU here: every NVML figure is unknown, not zero
+        assert s["device"]["utilization_percent"] is None and s["device"]["memory_used_bytes"] is None
+        arena = s["arena"]
+        assert arena["capacity_bytes"] == 64 * 2**20
+        assert arena["committed_bytes"] + arena["free_bytes"] == arena["capacity_bytes"]
+        assert arena["committed_bytes"] == sum(lane["size_bytes"] for lane in s["lanes"])
+        assert sorted(n for lane in s["lanes"] for n in lane["jobs"]) == sorted(NAMES)
+        for lane in s["lanes"]:
+            assert lane["size_bytes"] == lane["persistent_bytes"] + lane["ephemeral_bytes"]
+            assert lane["ephemeral_peak_bytes"] >= lane["ephemeral_bytes"] > 0
+            busy = lane["steps_in_flight"] > 0
+            assert lane["in_use_bytes"] == lane["persistent_bytes"] + (lane["ephemeral_bytes"] if busy else 0)
+        for j in s["jobs"]:
+            assert j["status"] == "running" and j["lane"] is not None
+            assert j["steps_total"] == 100_000 and j["steps_per_s"] > 0
+            assert 0 < j["step_time_p50_s"] <= j["step_time_p95_s"]
+            assert j["persistent_bytes"] > 0 and j["ephemeral_bytes"] > 0
+            assert set(j["metrics"]) == {"loss"}
+        shares = [j["device_time_share"] for j in s["jobs"]]
+        assert sum(shares) == pytest.approx(1.0)
+        assert {j["priority"] for j in s["jobs"]} == {0, 1, 2}
+
+
+def test_the_validator_rejects_what_the_schema_forbids():
+    # The tests lean on status.validate; make sure it is not a yes-man.
+    good = {"schema": "xshare.status/v1"}
+    schema = {"type": "object", "required": ["schema", "n"], "additionalProperties": False,
+              "properties": {"schema": {"const": "xshare.status/v1"},
+                             "n": {"type": ["integer", "null"], "minimum": 0}}}
+    assert status_mod.validate({**good, "n": None}, schema) == []
+    assert status_mod.validate({**good, "n": 3}, schema) == []
+    assert status_mod.validate(good, schema) == ["$: missing required field 'n'"]
+    assert status_mod.validate({**good, "n": -1}, schema) == ["$.n: -1 < minimum 0"]
+    assert status_mod.validate({**good, "n": 1.5}, schema) == ["$.n: 1.5 is not of type integer | null"]
+    assert status_mod.validate({**good, "n": True}, schema) == ["$.n: True is not of type integer | null"]
+    assert status_mod.validate({**good, "n": 1, "x": 1}, schema) == ["$: unexpected field 'x'"]
+    assert status_mod.validate({"schema": "v2", "n": 1}, schema) == ["$.schema: 'v2' != 'xshare.status/v1'"]
+    with pytest.raises(ValueError, match="does not support schema keyword"):
+        status_mod.validate(1, {"pattern": "x"})
+
+
+# ---------------------------------------------------------------------------------- /metrics
+
+_SAMPLE = re.compile(
+    r'^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)'
+    r'(?:\{(?P<labels>[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\.)*"(?:,[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\.)*")*)?\})?'
+    r' (?P<value>[-+]?(?:[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?|NaN|Inf))$')
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\\n]|\\.)*)"')
+
+
+def parse_prometheus(text: str) -> dict[str, dict]:
+    """A strict reader of the text format: every line is HELP, TYPE or a sample of a family
+    whose TYPE came first. Returns {name: {"type", "help", "samples": [(labels, value)]}}."""
+    assert text.endswith("\n")
+    families: dict[str, dict] = {}
+    current = None
+    for line in text.splitlines():
+        if line.startswith("# HELP "):
+            name, _, help_ = line[7:].partition(" ")
+            assert name not in families, f"family {name} twice"
+            families[name] = current = {"help": help_, "type": None, "samples": []}
+            current["name"] = name
+        elif line.startswith("# TYPE "):
+            name, _, kind = line[7:].partition(" ")
+            assert current is not None and current["name"] == name, line
+            assert kind in ("counter", "gauge", "summary", "histogram", "untyped"), line
+            current["type"] = kind
+        else:
+            m = _SAMPLE.match(line)
+            assert m, f"not a Prometheus sample line: {line!r}"
+            assert current is not None and m["name"] == current["name"], f"{line!r} outside its family"
+            labels = {k: v.replace('\\"', '"').replace("\\n", "\n").replace("\\\\", "\\")
+                      for k, v in _LABEL.findall(m["labels"] or "")}
+            current["samples"].append((labels, float(m["value"])))
+    return families
+
+
+def test_metrics_is_prometheus_text_with_the_expected_names(runtime_dir):
+    with serving(NAMES) as rt:
+        wait_for(lambda: all(j["steps_done"] >= 3 for j in get_status(rt)["jobs"]), what="3 steps each")
+        code, headers, body = request(rt.status_server.address, "GET", "/metrics")
+        assert code == 200
+        assert headers["content-type"].startswith("text/plain; version=0.0.4")
+        text = body.decode()
+    families = parse_prometheus(text)
+    for name, fam in families.items():
+        assert name.startswith("xshare_"), name
+        assert (fam["type"] == "counter") == name.endswith("_total"), name
+        assert fam["help"], name
+    expected = {"xshare_arena_capacity_bytes": "gauge", "xshare_arena_committed_bytes": "gauge",
+                "xshare_arena_free_bytes": "gauge", "xshare_lane_in_use_bytes": "gauge",
+                "xshare_job_steps_total": "counter", "xshare_job_device_seconds_total": "counter",
+                "xshare_job_step_seconds": "gauge", "xshare_job_steps_per_second": "gauge",
+                "xshare_job_metric": "gauge", "xshare_device_utilization_ratio": "gauge"}
+    for name, kind in expected.items():
+        assert families[name]["type"] == kind, name
+    assert families["xshare_arena_capacity_bytes"]["samples"] == [({}, 64.0 * 2**20)]
+    steps = {labels["job"]: v for labels, v in families["xshare_job_steps_total"]["samples"]}
+    assert set(steps) == set(NAMES) and all(v >= 3 for v in steps.values())  # ODD survives escaping
+    assert families["xshare_device_utilization_ratio"]["samples"] == []  # unknown without NVML: absent
+    quantiles = {(lb["job"], lb["quantile"]) for lb, _ in families["xshare_job_step_seconds"]["samples"]}
+    assert quantiles == {(n, q) for n in NAMES for q in ("0.5", "0.95")}
+    try:  # the reference parser too, where it is installed (it is not a dependency)
+        from prometheus_client.parser import text_string_to_metric_families
+    except ImportError:
+        return
+    parsed = {f.name: f for f in text_string_to_metric_families(text)}
+    assert parsed["xshare_job_steps"].type == "counter"
+    assert {s.labels["job"] for s in parsed["xshare_job_steps"].samples} == set(NAMES)
+
+
+def test_prometheus_escapes_labels_and_omits_unknown_values():
+    snap = {
+        "runtime": {"pid": 1, "version": "0", "policy": "fifo", "uptime_s": 1.5},
+        "device": {"platform": "cpu", "kind": "cpu", "id": 0, "name": None, "utilization_percent": None,
+                   "memory_used_bytes": None, "memory_total_bytes": None},
+        "arena": {k: 0 for k in ("capacity_bytes", "committed_bytes", "free_bytes", "largest_gap_bytes",
+                                 "peak_in_flight_bytes", "queued_jobs")},
+        "lanes": [],
+        "jobs": [{"name": 'a"b\\c\nd', "id": 0, "status": "running", "priority": 0, "steps_done": 2,
+                  "device_time_s": 0.5, "device_time_share": 1.0, "steps_per_s": None,
+                  "step_time_p50_s": None, "step_time_p95_s": None, "queue_wait_s": None,
+                  "persistent_bytes": 4, "staging_bytes": 0, "ephemeral_bytes": 8,
+                  "metrics": {"loss": float("nan"), "acc": None}}],
+    }
+    text = status_mod.prometheus(snap)
+    assert 'xshare_job_steps_total{job="a\\"b\\\\c\\nd"} 2\n' in text
+    assert 'xshare_job_metric{job="a\\"b\\\\c\\nd",metric="loss"} NaN\n' in text
+    assert 'metric="acc"' not in text and "xshare_job_steps_per_second{" not in text
+    families = parse_prometheus(text)
+    assert families["xshare_job_steps_total"]["samples"] == [({"job": 'a"b\\c\nd'}, 2.0)]
+
+
+# ---------------------------------------------------------------------------------- control
+
+def test_control_needs_the_token_and_pause_resume_priority_cancel_work(runtime_dir, caplog):
+    caplog.set_level(logging.DEBUG, logger="xshare")
+    with serving(NAMES) as rt:
+        srv = rt.status_server
+        addr, token = srv.address, srv.token
+        wait_for(lambda: steps_of(rt, "alpha") >= 3, what="alpha to step")
+        for bad in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": token},
+                    {"Authorization": f"Basic {token}"}, {"Authorization": "Bearer "}):
+            code, headers, body = request(addr, "POST", "/jobs/alpha/pause", headers=bad)
+            assert code == 401, (bad, body)
+            assert headers["www-authenticate"].startswith("Bearer")
+        before = steps_of(rt, "alpha")
+        wait_for(lambda: steps_of(rt, "alpha") > before + 3, what="alpha to keep running after 401s")
+        assert job_row(get_status(rt), "alpha")["status"] == "running"
+
+        code, _, body = request(addr, "POST", "/jobs/alpha/pause", token=token)
+        assert code == 200 and json.loads(body) == {"job": "alpha", "action": "pause", "status": "paused"}
+        row = job_row(get_status(rt), "alpha")
+        assert row["status"] == "paused" and row["paused"] is True
+        held = wait_for(lambda: steady(rt, "alpha"), what="alpha to stop stepping")
+        beta = steps_of(rt, "beta")
+        wait_for(lambda: steps_of(rt, "beta") > beta, what="beta to keep running while alpha is paused")
+
+        code, _, body = request(addr, "POST", "/jobs/alpha/resume", token=token)
+        assert code == 200 and json.loads(body)["status"] == "running"
+        wait_for(lambda: steps_of(rt, "alpha") > held, what="alpha to step again after resume")
+
+        code, _, body = request(addr, "POST", "/jobs/beta/priority", json.dumps({"priority": 7}), token=token)
+        assert code == 200 and json.loads(body)["priority"] == 7
+        assert job_row(get_status(rt), "beta")["priority"] == 7
+
+        # a name with quotes, a slash and a backslash, URL-quoted
+        code, _, body = request(addr, "POST", f"/jobs/{quote(ODD, safe='')}/cancel", token=token)
+        assert code == 200, body
+        wait_for(lambda: job_row(get_status(rt), ODD)["status"] == "cancelled", what="cancel")
+        assert job_row(get_status(rt), "alpha")["status"] == "running"
+    assert '"POST /jobs/alpha/pause HTTP/1.1" 401' in caplog.text  # requests are logged (debug)...
+    assert token not in caplog.text  # ...the token never
+
+
+# ---------------------------------------------------------------------- binding and discovery
+
+def test_binds_loopback_only_and_announces_itself_in_a_private_file(runtime_dir):
+    import psutil
+
+    with serving(("alpha",)) as rt:
+        srv = rt.status_server
+        host, port = srv._httpd.socket.getsockname()[:2]
+        assert host == "127.0.0.1" and srv.address == f"127.0.0.1:{port}"
+        others = sorted({a.address for addrs in psutil.net_if_addrs().values() for a in addrs
+                         if a.family == socket.AF_INET and not a.address.startswith("127.")})
+        for ip in others:  # the same port on this host's other addresses has nobody listening
+            with pytest.raises(OSError):
+                socket.create_connection((ip, port), timeout=2).close()
+        assert get_status(f"127.0.0.1:{port}")["jobs"][0]["name"] == "alpha"
+
+        path = srv.discovery_path
+        assert path.parent == runtime_dir
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        record = json.loads(path.read_text())
+        assert record["pid"] == os.getpid() and record["address"] == srv.address
+        assert record["token"] == srv.token and record["started"] > 0
+        # a file left by a runtime that was killed is ignored
+        dead = subprocess.Popen([sys.executable, "-c", "pass"])
+        dead.wait()
+        (runtime_dir / f"{dead.pid}-1.json").write_text(json.dumps(
+            {"pid": dead.pid, "address": "127.0.0.1:1", "token": "x", "started": 1.0}))
+        (runtime_dir / "garbage.json").write_text("{not json")
+        assert [r["address"] for r in discover()] == [srv.address]
+    assert not path.exists()  # removed on close
+    with pytest.raises(OSError):
+        request(f"127.0.0.1:{port}", "GET", "/status", timeout=2)
+
+
+def test_discovery_directory_defaults(monkeypatch, tmp_path):
+    monkeypatch.delenv("XSHARE_RUNTIME_DIR", raising=False)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    assert server_mod.discovery_dir() == tmp_path / "xshare"
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "missing"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert server_mod.discovery_dir() == tmp_path / "home" / ".cache" / "xshare" / "runtimes"
+    monkeypatch.setenv("XSHARE_RUNTIME_DIR", str(tmp_path / "override"))
+    assert server_mod.discovery_dir() == tmp_path / "override"
+
+
+# -------------------------------------------------------------------------- nonsense requests
+
+def test_nonsense_gets_4xx_and_the_runtime_serves_on_and_finishes_its_jobs(runtime_dir):
+    with serving(NAMES, steps=150, delay_s=0.002) as rt:
+        rt.pause("alpha")  # hold one job alive through all of this
+        addr, token = rt.status_server.address, rt.status_server.token
+        huge = b"x" * (MAX_BODY_BYTES + 1)
+        cases = [
+            ("GET", "/nope", None, None, 404),
+            ("GET", "/", None, None, 404),
+            ("GET", "/jobs/alpha", None, None, 404),
+            ("POST", "/jobs/alpha/explode", None, token, 404),
+            ("POST", "/jobs//pause", None, token, 404),
+            ("POST", "/status", None, None, 405),
+            ("DELETE", "/metrics", None, None, 405),
+            ("GET", "/jobs/alpha/pause", None, None, 405),
+            ("PUT", "/jobs/alpha/pause", None, token, 405),
+            ("BREW", "/status", None, None, 405),
+            ("POST", "/jobs/ghost/pause", None, token, 404),
+            ("POST", "/jobs/alpha/priority", "{not json", token, 400),
+            ("POST", "/jobs/alpha/priority", '{"priority": "high"}', token, 400),
+            ("POST", "/jobs/alpha/priority", '{"priority": true}', token, 400),
+            ("POST", "/jobs/alpha/priority", "[1]", token, 400),
+            ("POST", "/jobs/alpha/priority", None, token, 400),
+            ("POST", "/jobs/alpha/pause", "\xff garbage", token, 400),
+            ("POST", "/jobs/alpha/pause", huge, token, 413),
+            ("POST", "/jobs/alpha/pause", huge, None, 401),  # no token: refused before the size
+        ]
+        for method, path, body, tok, want in cases:
+            code, _, reply = request(addr, method, path, body, token=tok)
+            assert code == want, (method, path, code, reply[:200])
+            assert "error" in json.loads(reply), reply
+        # a client that claims a huge body and never sends it is refused at once, not waited for
+        code, _, _ = request(addr, "POST", "/jobs/alpha/pause", token=token,
+                             headers={"Content-Length": str(10**12)})
+        assert code == 413
+        # raw garbage and a client that connects and hangs up
+        host, port = addr.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=5) as s:
+            s.sendall(b"\x00\x01GARBAGE\r\n\r\n")
+            assert s.recv(100).startswith(b"HTTP/1.")
+        socket.create_connection((host, int(port)), timeout=5).close()
+        # HEAD works where GET does
+        code, headers, body = request(addr, "HEAD", "/status")
+        assert code == 200 and body == b"" and int(headers["content-length"]) > 0
+
+        s = get_status(rt)
+        assert job_row(s, "alpha")["status"] == "paused"
+        assert status_mod.validate(s) == []
+        rt.resume("alpha")
+        assert rt.wait(timeout=30)
+        s = get_status(rt)
+        assert {j["status"] for j in s["jobs"]} == {"done"}
+        assert all(j["steps_done"] == 150 for j in s["jobs"])
+        assert s["lanes"] == [] and s["arena"]["committed_bytes"] == 0
+        # acting on a job that ended is a conflict, not a crash
+        code, _, body = request(addr, "POST", "/jobs/alpha/pause", token=token)
+        assert code == 409 and "done" in json.loads(body)["error"]

@@ -1,0 +1,12 @@
+"""Memory bookkeeping: footprints, the lane-partitioned arena, admission, defragmentation, swap."""
+
+from .arena import Admitted as Admitted
+from .arena import Arena as Arena
+from .arena import LaneInfo as LaneInfo
+from .arena import Move as Move
+from .arena import Queued as Queued
+
+# --- footprint.py (owned elsewhere) re-exports its public names here, e.g.:
+# from .footprint import Footprint as Footprint
+
+__all__ = ["Admitted", "Arena", "LaneInfo", "Move", "Queued"]
