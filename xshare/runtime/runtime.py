@@ -732,14 +732,20 @@ class Runtime:
         return job, step, batch
 
     def _account_peak(self) -> None:
-        """The runtime's record of the memory that may be in use now: every resident job's
-        persistent + staged bytes, plus the ephemeral region of each lane with a step in flight."""
-        in_use = 0
-        for info in self.arena.lanes():
-            in_use += info.persistent
-            if self._lane_in_flight.get(info.id, 0) > 0:
-                in_use += info.ephemeral
-        self.peak_in_flight_bytes = max(self.peak_in_flight_bytes, in_use)
+        """The runtime's own record of device memory that may be in use now (lock held), from
+        its job records rather than the arena's books, so it checks the admissions: every job
+        whose state is on the device holds its persistent + staged bytes; every lane with steps
+        in flight holds the largest ephemeral need among them (its steps run one at a time)."""
+        resident = 0
+        lane_e: dict[int, int] = {}
+        for job in self._jobs.values():
+            if job.compiled is None or job.state is None or job.swapped or job.status in TERMINAL:
+                continue
+            fp = job.compiled.footprint
+            resident += fp.resident
+            if job.in_flight > 0:
+                lane_e[job.lane] = max(lane_e.get(job.lane, 0), fp.ephemeral)
+        self.peak_in_flight_bytes = max(self.peak_in_flight_bytes, resident + sum(lane_e.values()))
 
     def _dispatch(self, lane: int, job: JobRecord, step: int, batch: Any, in_flight: deque) -> None:
         t = ffi.now_ns() if self._ring is not None else _host_ns()
