@@ -39,11 +39,12 @@ from . import checkpoint
 from .compiler import compile_step
 from .records import (CANCELLED, DONE, FAILED, PAUSED, QUEUED, RUNNING, TERMINAL, JobRecord,
                       Progress, StepRecord, now_s)
-from .source import END, BatchSource, DataError, Prefetcher
+from .source import END, BatchMismatch, BatchSource, DataError, Prefetcher
 
 log = logging.getLogger("xshare.runtime")
 
 _EMA = 0.2  # weight of the newest step in the measured step-time estimate
+_DRAIN_EVERY = 8  # completed steps between reads of the fence ring
 
 
 @dataclass
@@ -137,7 +138,7 @@ class Runtime:
 
     def __init__(self, policy: str | Any = "pack", memory: int | str | None = None, *,
                  quantum: int = 1, log_dir: str | os.PathLike | None = None, prefetch: int = 2,
-                 dispatch_ahead: int = 1, fences: bool | None = None, device: Any = None,
+                 dispatch_ahead: int = 2, fences: bool | None = None, device: Any = None,
                  status_port: int | None = None, status_host: str = "127.0.0.1",
                  checkpoint_dir: str | os.PathLike | None = None, checkpoint_every: int | None = None,
                  resume: bool = False, max_lanes: int | None = None):
@@ -182,6 +183,7 @@ class Runtime:
         self._host_times: dict[int, int] = {}               # lane -> t_ns of its last completion
         self._next_id = 0
         self._seq = 0
+        self._completions = 0
         self._closed = False
         self.peak_in_flight_bytes = 0
         self.t0 = now_s()
@@ -459,7 +461,8 @@ class Runtime:
     def _start(self, job: JobRecord, lane: int) -> None:
         """Put an admitted job's state on the device and let its lane run it."""
         try:
-            state = jax.device_put(job.spec.state, self.device, may_alias=False)
+            # The runtime keeps the state as flat leaves (see compiler._flat_step).
+            state = jax.device_put(jax.tree.leaves(job.spec.state), self.device, may_alias=False)
         except Exception as err:  # noqa: BLE001
             with self._cv:
                 self._fail(job, f"could not place its state on {self.device}: {err}", err)
@@ -467,7 +470,7 @@ class Runtime:
             self._start_all(started)
             return
         prefetcher = Prefetcher(job.source, self.device, depth=self.prefetch, name=job.name,
-                                on_ready=self._notify)
+                                on_ready=self._notify, treedef=job.compiled.batch_def)
         with self._cv:
             if job.stop_reason is not None:  # cancelled while being placed
                 started = self._finalize(job)
@@ -642,7 +645,7 @@ class Runtime:
         for job in jobs:
             if job.stop_reason is None:
                 try:
-                    host = jax.device_get(job.state)
+                    host = jax.tree.unflatten(job.compiled.state_def, jax.device_get(job.state))
                 except Exception as err:  # noqa: BLE001 - the last step failed on the device
                     with self._cv:
                         self._fail(job, f"its final state could not be read: {short_error(err)}", err)
@@ -675,6 +678,8 @@ class Runtime:
             job.prefetcher.take()
             if head is END:
                 job.data_done = True
+            elif isinstance(head.error, BatchMismatch):
+                self._fail(job, str(head.error))
             else:
                 self._fail(job, f"its data raised while producing batch {head.step}: "
                                 f"{short_error(head.error)}", head.error)
@@ -748,7 +753,7 @@ class Runtime:
         self.peak_in_flight_bytes = max(self.peak_in_flight_bytes, resident + sum(lane_e.values()))
 
     def _dispatch(self, lane: int, job: JobRecord, step: int, batch: Any, in_flight: deque) -> None:
-        t = ffi.now_ns() if self._ring is not None else _host_ns()
+        t = _host_ns()  # CLOCK_MONOTONIC, the fences' clock too (steady_clock on Linux)
         try:
             outputs = job.compiled.executable(job.state, batch)
         except Exception as err:  # noqa: BLE001 - e.g. a batch that does not match the compile
@@ -768,7 +773,8 @@ class Runtime:
         try:
             # A sync point by design: the lane's pipeline is full, so the host waits here while
             # the next step (already dispatched) keeps the device busy.
-            metrics = _scalars(jax.device_get(item.outputs[1]))
+            values = np.asarray(item.outputs[1])
+            metrics = dict(zip(job.compiled.metric_names, values.tolist()))
         except Exception as e:  # noqa: BLE001 - a step that fails on the device fails its job
             err = e
         t_end = _host_ns()
@@ -792,7 +798,11 @@ class Runtime:
                     self._fail(job, f"non-finite metric {bad[0]}={metrics[bad[0]]} at step {item.step} "
                                     "(nan_policy='fail')")
             if self._ring is not None:
-                self._drain_fences()
+                # Fence records are paired in batches: a drain per step would cost more host
+                # time than a small step takes. Device time is at most a few steps stale.
+                self._completions += 1
+                if self._completions % _DRAIN_EVERY == 0 or job.in_flight == 0:
+                    self._drain_fences()
             else:
                 self._host_timing(lane, job, item, t_end)
             started = self.arena.retry(in_flight=self._in_flight_jobs()) if self.arena.queue else []
@@ -900,22 +910,11 @@ def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_.=," else "_" for c in name)
 
 
-def _scalars(metrics: Any) -> dict[str, float]:
-    """Flatten a metrics pytree of scalars into {"a/b": float}."""
-    if metrics is None:
-        return {}
-    flat, _ = jax.tree_util.tree_flatten_with_path(metrics)
-    out = {}
-    for path, value in flat:
-        key = "/".join(str(getattr(p, "key", getattr(p, "idx", getattr(p, "name", p)))) for p in path)
-        arr = np.asarray(value)
-        out[key or "value"] = float(arr) if arr.size == 1 else float(arr.mean())
-    return out
-
-
 def _dispatch_error(job: JobRecord, step: int, batch: Any, err: Exception) -> str:
+    """Say what went wrong at dispatch; ``batch`` is the flat leaves the prefetcher made."""
     want = jax.tree.map(lambda s: f"{s.dtype}{list(s.shape)}", job.compiled.batch_struct)
-    got = jax.tree.map(lambda x: f"{getattr(x, 'dtype', type(x).__name__)}{list(np.shape(x))}", batch)
+    got = jax.tree.unflatten(job.compiled.batch_def, [
+        f"{getattr(x, 'dtype', type(x).__name__)}{list(np.shape(x))}" for x in batch])
     if want != got:
         return f"batch {step} does not match the compiled step: expected {want}, got {got}"
     return f"step {step} raised: {short_error(err)}"

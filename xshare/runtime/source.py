@@ -26,6 +26,10 @@ class DataError:
 END = object()  # the data ran out (or the job's step count was reached)
 
 
+class BatchMismatch(Exception):
+    """A batch whose pytree structure differs from the one the step was compiled for."""
+
+
 class BatchSource:
     """Batches ``start .. stop`` of a job's data, whether it is an iterable or ``step -> batch``."""
 
@@ -79,8 +83,8 @@ class Prefetcher:
     """
 
     def __init__(self, source: BatchSource, device: Any, *, depth: int, name: str,
-                 on_ready: Callable[[], None]):
-        self.source, self.device = source, device
+                 on_ready: Callable[[], None], treedef: Any):
+        self.source, self.device, self.treedef = source, device, treedef
         self._queue: queue.Queue = queue.Queue(maxsize=max(depth, 1))
         self._stop = threading.Event()
         self._on_ready = on_ready
@@ -106,9 +110,14 @@ class Prefetcher:
             try:
                 batch = self.source.next()
                 if batch is not END:
+                    leaves, treedef = jax.tree.flatten(batch)
+                    if treedef != self.treedef:
+                        raise BatchMismatch(f"batch {step} does not match the compiled step: its structure "
+                                            f"is {treedef}, expected {self.treedef}")
+                    # Flat leaves: the compiled step takes them so (see compiler._flat_step).
                     # may_alias=False: the runtime donates its batches, so it must own them and
                     # never consume an array the user still holds.
-                    batch = jax.device_put(batch, self.device, may_alias=False)
+                    batch = jax.device_put(leaves, self.device, may_alias=False)
             except BaseException as err:  # noqa: BLE001 - any failure of user data fails the job
                 self._put(DataError(step, err))
                 return
