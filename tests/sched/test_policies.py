@@ -296,3 +296,20 @@ def test_fifo_runs_to_completion_in_arrival_order():
     """Exclusive baseline: each job runs all its steps before the next starts."""
     trace = simulate("fifo", [job(2, lane=1, steps_left=2), job(1, lane=0, steps_left=3)], steps=10)
     assert trace == [{0: 1}] * 3 + [{1: 2}] * 2
+
+
+def test_srtf_with_two_slots_runs_the_two_shortest_in_distinct_lanes():
+    from xshare.sched import JobView, View, get_policy
+
+    def job(i, lane, left):
+        return JobView(id=i, name=f"j{i}", arrival=float(i), priority=0, steps_done=0, steps_left=left,
+                       step_time_s=1.0, device_time_s=0.0, lane=lane, last_seq=-1, turn_steps=0)
+
+    policy = get_policy("srtf")
+    # j2 (3 left) and j1 (5 left) share lane 0, so lane 0 runs j2 and the second slot goes to the
+    # shortest job elsewhere: j3 in lane 1 (9 left), not the longer j0 in lane 2.
+    view = View(now=0.0, jobs=(job(0, 2, 20), job(1, 0, 5), job(2, 0, 3), job(3, 1, 9)), lanes=(0, 1, 2), slots=2)
+    decision, _ = policy.pick(view, policy.init())
+    assert dict(decision.run) == {0: 2, 1: 3}
+    one, _ = policy.pick(View(now=0.0, jobs=view.jobs, lanes=view.lanes, slots=1), None)
+    assert dict(one.run) == {0: 2}

@@ -127,6 +127,9 @@ class Runtime:
       status_port: serve ``/status`` and ``/metrics`` over HTTP on this port (0 picks a free one)
         for ``xshare top`` and Prometheus; None serves nothing. Binds ``status_host``
         (loopback unless you ask otherwise).
+      slots: how many jobs ``srtf`` runs at once (the shortest, in distinct lanes): 1 is
+        Salus's single-device SRTF; on a multi-core CPU, where lanes run in parallel, the number
+        of cores keeps every core busy.
       max_lanes: at most this many lanes (None: as many as memory allows). Lanes run in
         parallel; beyond the device's parallelism (CPU cores) they only contend, so jobs then
         share lanes and take turns.
@@ -141,7 +144,7 @@ class Runtime:
                  dispatch_ahead: int = 2, fences: bool | None = None, device: Any = None,
                  status_port: int | None = None, status_host: str = "127.0.0.1",
                  checkpoint_dir: str | os.PathLike | None = None, checkpoint_every: int | None = None,
-                 resume: bool = False, max_lanes: int | None = None):
+                 resume: bool = False, max_lanes: int | None = None, slots: int = 1):
         if not isinstance(quantum, int) or quantum < 1:
             raise ValueError(f"quantum={quantum!r} must be an int >= 1 (steps per turn)")
         if not isinstance(prefetch, int) or prefetch < 1:
@@ -152,7 +155,10 @@ class Runtime:
         self.device = device if device is not None else jax.devices()[0]
         capacity, self.capacity_source = arena_capacity(memory, self.device)
         self.arena = Arena(capacity, max_lanes=max_lanes)
+        if not isinstance(slots, int) or isinstance(slots, bool) or slots < 1:
+            raise ValueError(f"slots={slots!r} must be an int >= 1 (jobs srtf runs at once)")
         self.quantum = quantum
+        self.slots = slots
         self.prefetch = prefetch
         self.dispatch_ahead = dispatch_ahead
         self.log_dir = Path(log_dir) if log_dir is not None else None
@@ -706,16 +712,20 @@ class Runtime:
                 lane=job.lane, last_seq=job.last_seq,
                 turn_steps=turn if current == job.id else 0))
         lanes = tuple(sorted(self._workers))
-        return sched.View(now=now_s() - self.t0, jobs=tuple(jobs), lanes=lanes, quantum=self.quantum)
+        return sched.View(now=now_s() - self.t0, jobs=tuple(jobs), lanes=lanes, quantum=self.quantum,
+                          slots=self.slots)
 
     def _pick(self, lane: int) -> tuple[JobRecord, Any] | None:
         """Ask the policy what this lane runs next and take that job's batch (lock held)."""
-        if self.policy.exclusive and any(n for l, n in self._lane_in_flight.items() if l != lane):
-            return None  # exclusive policies: one lane on the device at a time, exactly
         view = self._view()
         decision, self._policy_state = self.policy.pick(view, self._policy_state)
         job_id = decision.run.get(lane)
         if job_id is None:
+            return None
+        if self.policy.exclusive and any(n for other, n in self._lane_in_flight.items()
+                                         if other != lane and other not in decision.run):
+            # Exclusive policies run exactly the jobs they chose: a newly chosen lane starts
+            # once the displaced lanes' in-flight steps have drained.
             return None
         job = self._jobs[job_id]
         if not job.prefetcher.ready():

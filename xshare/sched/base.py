@@ -56,3 +56,14 @@ def pick_one(view: View, key: Callable[[JobView], Any]) -> Decision:
     if not jobs:
         return Decision.idle()
     return Decision.of([min(jobs, key=key)])
+
+
+def pick_best(view: View, key: Callable[[JobView], Any], slots: int) -> Decision:
+    """Run the ``slots`` best jobs by ``key`` that live in distinct lanes (a lane steps one job
+    at a time). With ``slots=1`` this is :func:`pick_one`."""
+    chosen: dict[int, JobView] = {}
+    for job in sorted(runnable(view), key=key):
+        if len(chosen) == slots:
+            break
+        chosen.setdefault(job.lane, job)
+    return Decision.of(chosen.values())

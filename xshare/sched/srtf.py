@@ -3,6 +3,10 @@
 Minimises mean completion time when remaining times are known (Salus §4 uses it for that).
 Each ``pick`` re-evaluates from scratch, so a shorter job that arrives between two steps wins
 the very next pick: preemption costs one step boundary, not a checkpoint.
+
+``view.slots`` jobs run at once (default 1, Salus's single device): the shortest ones, in
+distinct lanes. On a multi-core CPU, lanes execute in parallel, and running the two shortest
+jobs at once is multi-server SRTF.
 """
 
 from __future__ import annotations
@@ -10,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .base import pick_one
+from .base import pick_best
 from .view import Decision, JobView, View
 
 
@@ -29,4 +33,5 @@ class Srtf:
         return None
 
     def pick(self, view: View, state: Any) -> tuple[Decision, Any]:
-        return pick_one(view, key=lambda job: (remaining_s(job), job.arrival, job.id)), state
+        key = lambda job: (remaining_s(job), job.arrival, job.id)  # noqa: E731
+        return pick_best(view, key, view.slots), state

@@ -37,12 +37,15 @@ class View:
     jobs: tuple[JobView, ...]    # only RUNNABLE jobs: admitted, resident, not paused/finished
     lanes: tuple[int, ...]       # ids of open lanes
     quantum: int = 1             # steps per turn for round-robin policies (>= 1)
+    slots: int = 1               # jobs that may run at once under srtf (the device's parallelism)
 
     def __post_init__(self) -> None:
         # Misuse, not an expected outcome: a zero quantum would make round-robin never rotate
         # (pack) or fair's slack zero, silently changing the policy.
         if isinstance(self.quantum, bool) or not isinstance(self.quantum, int) or self.quantum < 1:
             raise ValueError(f"quantum must be an int >= 1, got {self.quantum!r}")
+        if isinstance(self.slots, bool) or not isinstance(self.slots, int) or self.slots < 1:
+            raise ValueError(f"slots must be an int >= 1, got {self.slots!r}")
         # Accept any iterable from callers, store tuples so the view stays hashable and frozen.
         object.__setattr__(self, "jobs", tuple(self.jobs))
         object.__setattr__(self, "lanes", tuple(self.lanes))
