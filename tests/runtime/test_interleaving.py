@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import xshare
-from tests.helpers import linreg_data, linreg_state, linreg_step
+from tests.helpers import heavy_data, heavy_state, heavy_step, linreg_data, linreg_state, linreg_step
 
 
 def _first_finish_index(order, steps):
@@ -16,14 +16,17 @@ def _first_finish_index(order, steps):
 
 
 def test_steps_of_different_jobs_alternate_before_any_job_finishes():
-    steps = 150
+    steps = 300
     specs = [linreg_step.bind(linreg_state(seed=i), linreg_data(seed=i), steps=steps, name=f"j{i}")
              for i in range(3)]
     with xshare.Runtime(policy="pack", memory="256MiB") as rt:
         handles = rt.submit_many(specs)
         rt.wait()
-    order = [rec.job for rec in rt.timeline()]
+    timeline = rt.timeline()
+    order = [rec.job for rec in timeline]
     assert len(order) == 3 * steps
+    for h in handles:  # every step of every job appears once, numbered in order
+        assert [r.step for r in timeline if r.job == h.id] == list(range(steps))
     cut = _first_finish_index(order, steps)
     before = order[:cut]
     # Every job ran before the first one finished, and the device switched jobs many times.
@@ -37,8 +40,9 @@ def test_round_robin_inside_one_lane_alternates_every_quantum():
     steps long and alternate. (The first turn may be longer, until the second job's first batch
     is prefetched, and each job's last turn may be shorter or, for the survivor, longer.)"""
     steps = 30
-    specs = [linreg_step.bind(linreg_state(seed=i), linreg_data(seed=i), steps=steps, name=f"j{i}")
-             for i in range(2)]
+    # Millisecond steps: the prefetch threads easily stay ahead of them.
+    specs = [heavy_step.bind(heavy_state(dim=128, seed=i), heavy_data(dim=128, batch=128, seed=i),
+                             steps=steps, name=f"j{i}") for i in range(2)]
     # A deep prefetch keeps both jobs ready: pack skips a job whose batch is late (that is
     # work conservation, not a broken turn), which would blur what this test looks at.
     with xshare.Runtime(policy="pack", memory="256MiB", quantum=2, max_lanes=1, prefetch=16) as rt:

@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, metavar="N", help="steps of every job (default: the workload's)")
     parser.add_argument("--out", metavar="DIR", help="where results.json/.md/.png go (default runs/bench-{time})")
     parser.add_argument("--no-overhead", action="store_true", help="skip the single-job overhead measurement")
-    parser.add_argument("--overhead-pairs", type=int, default=5, metavar="N",
+    parser.add_argument("--overhead-pairs", type=int, default=7, metavar="N",
                         help="plain/xshare pairs of the single-job overhead measurement (default: %(default)s)")
     parser.add_argument("--smoke", action="store_true",
                         help="a tiny run (2 small jobs, few steps, 1 repeat; modes exclusive, xshare:pack, "
@@ -58,43 +58,58 @@ def config_from_args(args: argparse.Namespace):
             over["steps"] = args.steps
         if args.repeats != 3:
             over["repeats"] = args.repeats
+        if args.overhead_pairs != 7:
+            over["overhead_pairs"] = args.overhead_pairs
         return BenchConfig.smoke_config(**over)
     return BenchConfig(workloads=tuple(workloads), modes=parse_modes(args.modes or DEFAULT_MODES),
                        repeats=args.repeats, steps=args.steps, overhead_pairs=args.overhead_pairs, **common)
 
 
 def command_line(args: argparse.Namespace, out: Path) -> str:
-    """The exact command, every option spelled out (what the report tells readers to run)."""
+    """The exact command (what the report tells readers to run): every option spelled out, or for
+    ``--smoke`` the options given."""
     from xshare.bench import DEFAULT_MODES
 
-    parts = ["xshare", "bench", "--workload", args.workload, "--modes", args.modes or ",".join(DEFAULT_MODES),
-             "--repeats", str(args.repeats)]
+    parts = ["xshare", "bench"]
+    if args.smoke:
+        parts.append("--smoke")
+        parts += ["--workload", args.workload] if args.workload != "all" else []
+        parts += ["--modes", args.modes] if args.modes else []
+        parts += ["--repeats", str(args.repeats)] if args.repeats != 3 else []
+    else:
+        parts += ["--workload", args.workload, "--modes", args.modes or ",".join(DEFAULT_MODES),
+                  "--repeats", str(args.repeats)]
     if args.steps is not None:
         parts += ["--steps", str(args.steps)]
     if args.no_overhead:
         parts.append("--no-overhead")
-    elif args.overhead_pairs != 5:
+    elif args.overhead_pairs != 7:
         parts += ["--overhead-pairs", str(args.overhead_pairs)]
-    if args.smoke:
-        parts.append("--smoke")
     parts += ["--out", str(out)]
     return " ".join(shlex.quote(p) for p in parts)
 
 
 def run(args: argparse.Namespace) -> int:
     from xshare._errors import SpecError
-    from xshare.bench import report, run_bench
-    from xshare.cli import render
 
-    con = render.console()
     try:
         cfg = config_from_args(args)
     except (ValueError, SpecError) as err:
         print(f"xshare bench: {err}", file=sys.stderr)
         return EXIT_USAGE
+    return execute(cfg)
+
+
+def execute(cfg) -> int:
+    """Run a configured benchmark, print its tables and where its files went."""
+    from xshare._errors import SpecError
+    from xshare.bench import report, run_bench
+    from xshare.cli import render
+
+    con = render.console()
     try:
         results = run_bench(cfg, log=lambda line: con.print(line, markup=False, highlight=False))
-    except SpecError as err:
+    except (ValueError, SpecError) as err:
         print(f"xshare bench: {err}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

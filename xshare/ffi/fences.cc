@@ -204,10 +204,20 @@ ffi::Error ValidateFence(int32_t kind, const ffi::RemainingArgs& args,
                          int32_t lane_id, std::vector<ffi::AnyBuffer>* ins,
                          std::vector<ffi::Result<ffi::AnyBuffer>>* outs) {
   const char* name = FenceName(kind);
-  if (args.size() != rets.size()) {
+  // begin: identity over all its arguments. end: identity over its first
+  // rets.size() arguments; any further arguments are dependencies only (read by
+  // no one), so the fence runs after they are computed without being written in
+  // place, which would make XLA copy the step's new state out of the way.
+  const bool ok = kind == 0 ? args.size() == rets.size()
+                            : args.size() >= rets.size() && rets.size() > 0;
+  if (!ok) {
     std::ostringstream os;
-    os << name << ": an identity fence needs as many results as arguments, got "
-       << args.size() << " arguments and " << rets.size() << " results";
+    os << name << ": "
+       << (kind == 0 ? "an identity fence needs as many results as arguments"
+                     : "an end fence needs at least one result and no more "
+                       "results than arguments")
+       << ", got " << args.size() << " arguments and " << rets.size()
+       << " results";
     return ffi::Error::InvalidArgument(os.str());
   }
   if (lane_id < -1) {
@@ -222,9 +232,18 @@ ffi::Error ValidateFence(int32_t kind, const ffi::RemainingArgs& args,
        << " (never opened, or already closed)";
     return ffi::Error::InvalidArgument(os.str());
   }
-  ins->reserve(args.size());
+  ins->reserve(rets.size());
   outs->reserve(rets.size());
-  for (size_t i = 0; i < args.size(); ++i) {
+  for (size_t i = rets.size(); i < args.size(); ++i) {  // dependencies only
+    auto dep = args.get<ffi::AnyBuffer>(i);
+    if (dep.has_error()) {
+      std::ostringstream os;
+      os << name << ": argument " << i << " is not a buffer: "
+         << dep.error().message();
+      return ffi::Error::InvalidArgument(os.str());
+    }
+  }
+  for (size_t i = 0; i < rets.size(); ++i) {
     auto in = args.get<ffi::AnyBuffer>(i);
     if (in.has_error()) {
       std::ostringstream os;

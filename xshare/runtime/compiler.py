@@ -17,8 +17,9 @@ import numpy as np
 from .. import ffi
 from ..memory.footprint import Footprint, footprint_from_analysis
 
-# Only used to rank jobs (SRTF) before their first measured step: a rough CPU core's rate.
-# Measured device time replaces it after one step, so its accuracy does not matter much.
+# Used to rank jobs (SRTF) before their first measured step, and only until the runtime has
+# measured any job: then the FLOP rate achieved by measured jobs replaces it, so a new job is
+# estimated on the same scale as the running ones it competes with.
 ASSUMED_FLOPS_PER_S = 2e10
 
 
@@ -35,10 +36,11 @@ class CompiledStep:
     state_def: Any                  # treedefs to rebuild the user's pytrees from flat leaves
     batch_def: Any
 
-    @property
-    def step_time_estimate_s(self) -> float:
+    def step_time_estimate_s(self, flops_per_s: float | None = None) -> float:
+        """Seconds per step from ``cost_analysis()`` FLOPs at ``flops_per_s`` (the rate the
+        runtime measured on jobs that already ran, else a generic guess)."""
         if self.flops and self.flops > 0:
-            return max(self.flops / ASSUMED_FLOPS_PER_S, 1e-6)
+            return max(self.flops / (flops_per_s or ASSUMED_FLOPS_PER_S), 1e-6)
         return 1e-3
 
 

@@ -74,6 +74,7 @@ class JobRecord:
     last_metrics: dict[str, float] | None = None
     host_state: Any = None
     device_time_s: float = 0.0
+    steps_recorded: int = 0                # steps seen on the device timeline
     step_time_s: float | None = None       # measured EMA; None until the first step
     started_s: float | None = None
     ended_s: float | None = None
@@ -97,10 +98,10 @@ class JobRecord:
             return None
         return max(self.spec.steps - self.spec.start_step - self.steps_dispatched, 0)
 
-    def step_estimate_s(self) -> float:
+    def step_estimate_s(self, flops_per_s: float | None = None) -> float:
         if self.step_time_s is not None:
             return self.step_time_s
-        return self.compiled.step_time_estimate_s if self.compiled else 1e-3
+        return self.compiled.step_time_estimate_s(flops_per_s) if self.compiled else 1e-3
 
     def steps_per_s(self, now: float) -> float | None:
         if not self.started_s or self.steps_done == 0:

@@ -190,6 +190,7 @@ class Runtime:
         self._next_id = 0
         self._seq = 0
         self._completions = 0
+        self._flops_per_s: float | None = None  # achieved FLOP rate of measured steps (SRTF estimates)
         self._closed = False
         self.peak_in_flight_bytes = 0
         self.t0 = now_s()
@@ -708,7 +709,7 @@ class Runtime:
             jobs.append(sched.JobView(
                 id=job.id, name=job.name, arrival=job.arrival_s, priority=job.priority,
                 steps_done=job.steps_dispatched, steps_left=job.steps_left,
-                step_time_s=job.step_estimate_s(), device_time_s=job.device_time_s,
+                step_time_s=job.step_estimate_s(self._flops_per_s), device_time_s=job.device_time_s,
                 lane=job.lane, last_seq=job.last_seq,
                 turn_steps=turn if current == job.id else 0))
         lanes = tuple(sorted(self._workers))
@@ -881,7 +882,11 @@ class Runtime:
         job.device_time_s += dt
         job.step_times.append(dt)
         job.step_time_s = dt if job.step_time_s is None else (1 - _EMA) * job.step_time_s + _EMA * dt
-        self._timeline.append(StepRecord(job.id, lane, len(job.step_times), t0, t1))
+        if job.compiled is not None and job.compiled.flops and dt > 0:
+            rate = job.compiled.flops / dt
+            self._flops_per_s = rate if self._flops_per_s is None else (1 - _EMA) * self._flops_per_s + _EMA * rate
+        self._timeline.append(StepRecord(job.id, lane, job.spec.start_step + job.steps_recorded, t0, t1))
+        job.steps_recorded += 1
 
     # ------------------------------------------------------------------ logs
     def _open_log(self, job: JobRecord) -> None:
