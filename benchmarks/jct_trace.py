@@ -1,0 +1,154 @@
+"""Job completion time on a Salus-like trace: the same arrivals replayed under each policy.
+
+A deterministic seeded trace of N ``models.mlp`` jobs (mixed widths, a 10x spread in steps,
+Poisson arrivals over the first part of the run) is replayed under ``fifo`` (exclusive, the
+baseline), ``pack``, ``srtf`` and ``fair``, each in a fresh process so every policy starts from
+the same state. Average JCT (completion - arrival), median JCT and makespan per policy, and
+their ratio to fifo.
+
+Compilation is taken out of the comparison: a first process compiles every job of the trace
+into a private JAX compilation cache (same job ids and ring id in every fresh process, so the
+same executables), and every replay loads them from it (each submit still traces and lowers,
+a few hundred ms, recorded as "submit s").
+
+    python -m benchmarks.jct_trace [--smoke] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from . import common
+from .trace import poisson_trace, save
+
+NAME = "jct_trace"
+POLICIES = ("fifo", "pack", "srtf", "fair")
+
+
+def _run(args: list[str], env: dict[str, str], timeout: float) -> None:
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.trace", *args], env=env, cwd=common.REPO,
+                          capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"replay {' '.join(args)} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = common.parser(NAME, __doc__.split("\n\n")[0])
+    p.add_argument("--jobs", type=int, default=None, help="jobs in the trace (default 12)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--repeats", type=int, default=None, help="replays per policy (order alternates)")
+    p.add_argument("--min-steps", type=int, default=None, help="shortest job; the longest is 10x")
+    p.add_argument("--mean-gap", type=float, default=None, help="mean seconds between arrivals")
+    p.add_argument("--policies", default=",".join(POLICIES))
+    p.add_argument("--memory", default=None, help="Runtime(memory=...) for every replay (default: the "
+                                                  "runtime's default, where every job fits)")
+    args = p.parse_args(argv)
+    n_jobs = args.jobs or (4 if args.smoke else 12)
+    repeats = args.repeats or (1 if args.smoke else 2)
+    min_steps = args.min_steps or (10 if args.smoke else 500)
+    mean_gap = args.mean_gap if args.mean_gap is not None else (0.1 if args.smoke else 0.25)
+    policies = [x for x in args.policies.split(",") if x]
+    if "fifo" not in policies:
+        policies.insert(0, "fifo")
+
+    info = common.machine()
+    trace = poisson_trace(n_jobs, seed=args.seed, mean_gap_s=mean_gap, min_steps=min_steps)
+    results: dict[str, list[dict[str, Any]]] = {pol: [] for pol in policies}
+    t_start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="xshare-jct-") as tmp:
+        tmp = Path(tmp)
+        save(trace, tmp / "trace.json")
+        env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(tmp / "jax-cache"),
+                   JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                   JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+                   PYTHONPATH=os.pathsep.join(filter(None, [str(common.REPO), os.environ.get("PYTHONPATH")])))
+        mem = ["--memory", args.memory] if args.memory else []
+        _run(["--trace", str(tmp / "trace.json"), "--policy", "fifo", "--compile-only",
+              "--result", str(tmp / "warm.json"), *mem], env, timeout=900)
+        print(f"  compiled {n_jobs} jobs into the cache ({time.perf_counter() - t_start:.0f} s)", flush=True)
+        for rep in range(repeats):
+            for pol in (policies if rep % 2 == 0 else policies[::-1]):
+                out = tmp / f"{pol}-{rep}.json"
+                _run(["--trace", str(tmp / "trace.json"), "--policy", pol, "--result", str(out), *mem],
+                     env, timeout=900)
+                r = json.loads(out.read_text())
+                results[pol].append(r)
+                print(f"  repeat {rep + 1}/{repeats} {pol:5s} avg JCT {r['avg_jct_s']:.2f} s, "
+                      f"makespan {r['makespan_s']:.2f} s", flush=True)
+    info = common.finish_machine(info)
+
+    fifo = results["fifo"]
+    columns = ["policy", "avg JCT s", "median JCT s", "makespan s", "avg JCT / fifo", "makespan / fifo",
+               "mean submit s", "max late s", "failed jobs"]
+    rows, summary = [], {}
+    for pol in policies:
+        rs = results[pol]
+        jr = [common.ratio(r["avg_jct_s"], f["avg_jct_s"]) for r, f in zip(rs, fifo)]
+        mr = [common.ratio(r["makespan_s"], f["makespan_s"]) for r, f in zip(rs, fifo)]
+        subs = [j["submit_s"] for r in rs for j in r["jobs"]]
+        late = [j["late_s"] for r in rs for j in r["jobs"]]
+        failed = sorted({n for r in rs for n in r["failed"]})
+        s = {"avg_jct_s": common.median(r["avg_jct_s"] for r in rs),
+             "median_jct_s": common.median(r["median_jct_s"] for r in rs),
+             "makespan_s": common.median(r["makespan_s"] for r in rs),
+             "avg_jct_over_fifo": common.median(jr), "makespan_over_fifo": common.median(mr),
+             "mean_submit_s": common.median(subs) if subs else None, "max_late_s": max(late) if late else None,
+             "failed": failed}
+        summary[pol] = s
+        rows.append([pol, s["avg_jct_s"], s["median_jct_s"], s["makespan_s"], s["avg_jct_over_fifo"],
+                     s["makespan_over_fifo"], s["mean_submit_s"], s["max_late_s"], len(failed)])
+
+    # Per-job JCT (first repeat of each policy), for the md.
+    job_rows = []
+    first = {pol: {j["name"]: j for j in results[pol][0]["jobs"]} for pol in policies}
+    for tj in sorted(trace, key=lambda j: j.arrival_s):
+        job_rows.append([tj.name, tj.arrival_s, tj.steps, tj.width]
+                        + [first[pol][tj.name]["jct_s"] for pol in policies])
+    per_job = common.markdown_table(["job", "arrival s", "steps", "width"] + [f"JCT {p} s" for p in policies],
+                                    job_rows)
+    notes = f"""
+## What is measured
+
+Trace (seed {args.seed}): {n_jobs} `models.mlp` jobs (depth 2, batch 64, Adam; widths 64/128/256),
+steps log-uniform from {min_steps} to {10 * min_steps} (both ends present: a 10x spread),
+Poisson arrivals with a mean gap of {mean_gap} s (the last at {max(j.arrival_s for j in trace):.2f} s).
+The same trace is replayed under each policy by `benchmarks.trace` in a fresh process with
+`Runtime(policy=P{', memory=' + args.memory if args.memory else ''})`: each job is submitted at its arrival time, from
+one replay thread. JCT = completion - arrival (the trace's arrival, so a late submission counts
+against the job); makespan = last completion - first arrival. {repeats} replay(s) per policy,
+order alternating between repeats; table figures are medians over repeats, ratios are per repeat
+then median. "submit s" is the median time `submit()` took (trace + lower + load the executable
+from the warm compilation cache); "max late s" is the largest delay of a submission behind its
+arrival (the replay thread was still submitting an earlier job).
+
+Policies: `fifo` runs one job at a time in arrival order (exclusive allocation, the baseline);
+`srtf` one job at a time, shortest remaining time first, preemptive at step boundaries; `pack`
+fills lanes and round-robins within a lane; `fair` equalizes device time. Every job fits the
+arena here, so `pack`/`fair` give each job its own lane and run them concurrently (on CPU the
+lanes' executions run in parallel threads on the {info.get('cores')} cores).
+
+Per-job JCT, first replay of each policy:
+
+{per_job}
+"""
+    common.write_results(NAME, args.out, title="JCT on a Salus-like trace (same arrivals, each policy)",
+                         columns=columns, rows=rows, machine_info=info,
+                         config={"jobs": n_jobs, "seed": args.seed, "repeats": repeats, "min_steps": min_steps,
+                                 "spread": 10, "mean_gap_s": mean_gap, "policies": policies,
+                                 "memory": args.memory,
+                                 "trace": [vars(j) for j in trace]},
+                         data={"summary": summary, "replays": results,
+                               "total_wall_s": time.perf_counter() - t_start},
+                         notes=notes, smoke=args.smoke)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
