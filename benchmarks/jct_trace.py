@@ -29,7 +29,7 @@ from . import common
 from .trace import poisson_trace, save
 
 NAME = "jct_trace"
-POLICIES = ("fifo", "pack", "srtf", "fair")
+POLICIES = ("fifo", "pack", "srtf", "srtf:2", "fair")  # srtf:2 = Runtime(slots=2): two shortest at once
 
 
 def _run(args: list[str], env: dict[str, str], timeout: float) -> None:
@@ -129,7 +129,9 @@ from the warm compilation cache); "max late s" is the largest delay of a submiss
 arrival (the replay thread was still submitting an earlier job).
 
 Policies: `fifo` runs one job at a time in arrival order (exclusive allocation, the baseline);
-`srtf` one job at a time, shortest remaining time first, preemptive at step boundaries; `pack`
+`srtf` one job at a time, shortest remaining time first, preemptive at step boundaries;
+`srtf:2` the two shortest at once, in distinct lanes (`Runtime(slots=2)`: multi-server SRTF,
+one job per core); `pack`
 fills lanes and round-robins within a lane; `fair` equalizes device time. Every job fits the
 arena here, so `pack`/`fair` give each job its own lane and run them concurrently (on CPU the
 lanes' executions run in parallel threads on the {info.get('cores')} cores).

@@ -110,7 +110,7 @@ def replay(trace: Sequence[TraceJob], runtime: Any, *, compile_only: bool = Fals
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.trace", description=__doc__.split("\n\n")[0])
     p.add_argument("--trace", type=Path, required=True, help="trace JSON (benchmarks.trace.save)")
-    p.add_argument("--policy", required=True)
+    p.add_argument("--policy", required=True, help="a policy name, or srtf:N for Runtime(policy='srtf', slots=N)")
     p.add_argument("--memory", default=None, help="Runtime(memory=...): bytes or e.g. 64MiB")
     p.add_argument("--result", type=Path, required=True, help="where to write the replay's JSON")
     p.add_argument("--compile-only", action="store_true",
@@ -121,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     memory = int(args.memory) if args.memory and args.memory.isdigit() else args.memory
     trace = load(args.trace)
     t = time.perf_counter()
-    with xshare.Runtime(policy=args.policy, memory=memory) as rt:
+    name, _, slots = args.policy.partition(":")
+    with xshare.Runtime(policy=name, memory=memory, slots=int(slots or 1)) as rt:
         out = replay(trace, rt, compile_only=args.compile_only)
     out.update(policy=args.policy, memory=args.memory, wall_s=time.perf_counter() - t)
     args.result.write_text(json.dumps(out, indent=1, default=lambda x: None) + "\n")

@@ -16,7 +16,6 @@ what makes a job switch cost no more than a step boundary in a plain loop.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -30,20 +29,24 @@ import jax
 import numpy as np
 
 from .. import ffi, sched
-from .._errors import AdmissionError, JobCancelled, JobFailed, XShareError
+from .._errors import AdmissionError, XShareError
 from .._job import JobSpec
 from .._units import format_bytes
 from ..memory import Admitted, Arena
 from ..memory.device import arena_capacity
 from . import checkpoint
+from .causes import dispatch_error, short_error
 from .compiler import compile_step
+from .handle import JobHandle
+from .joblog import JobLogMixin, safe_name
+from .offload import OffloadMixin
+from .timing import TimingMixin
 from .records import (CANCELLED, DONE, FAILED, PAUSED, QUEUED, RUNNING, TERMINAL, JobRecord,
                       Progress, StepRecord, now_s)
 from .source import END, BatchMismatch, BatchSource, DataError, Prefetcher
 
 log = logging.getLogger("xshare.runtime")
 
-_EMA = 0.2  # weight of the newest step in the measured step-time estimate
 _DRAIN_EVERY = 8  # completed steps between reads of the fence ring
 
 
@@ -55,63 +58,7 @@ class _InFlight:
     t_dispatch_ns: int
 
 
-class JobHandle:
-    """The user's handle on a submitted job. Thread-safe; cheap to poll."""
-
-    def __init__(self, runtime: "Runtime", record: JobRecord):
-        self._rt, self._rec = runtime, record
-
-    @property
-    def name(self) -> str:
-        return self._rec.name
-
-    @property
-    def id(self) -> int:
-        return self._rec.id
-
-    def status(self) -> str:
-        """queued | running | paused | done | failed | cancelled"""
-        return self._rec.status
-
-    def progress(self) -> Progress:
-        with self._rt._cv:
-            return self._rec.progress(now_s() - self._rt.t0)
-
-    @property
-    def error(self) -> str | None:
-        return self._rec.error
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Block until the job ends (done, failed or cancelled); False on timeout."""
-        return self._rec.done_event.wait(timeout)
-
-    def result(self, timeout: float | None = None) -> tuple[Any, dict[str, float] | None]:
-        """(final state as numpy arrays on the host, last metrics). Raises JobFailed/JobCancelled."""
-        if not self.wait(timeout):
-            raise TimeoutError(f"job {self.name!r} still {self.status()} after {timeout} s")
-        if self._rec.status == FAILED:
-            raise JobFailed(self.name, self._rec.error or "unknown error")
-        if self._rec.status == CANCELLED:
-            raise JobCancelled(f"job {self.name!r} was cancelled at step {self._rec.steps_done}")
-        return self._rec.host_state, self._rec.last_metrics
-
-    def pause(self, *, offload: bool = False) -> None:
-        self._rt.pause(self, offload=offload)
-
-    def resume(self) -> None:
-        self._rt.resume(self)
-
-    def cancel(self) -> None:
-        self._rt.cancel(self)
-
-    def set_priority(self, priority: int) -> None:
-        self._rt.set_priority(self, priority)
-
-    def __repr__(self) -> str:
-        return f"JobHandle({self.name!r}, {self.status()})"
-
-
-class Runtime:
+class Runtime(OffloadMixin, TimingMixin, JobLogMixin):
     """Owns one device; admits, places and interleaves jobs under a scheduling policy.
 
     Args:
@@ -271,7 +218,7 @@ class Runtime:
 
     def _restore(self, job: JobRecord) -> checkpoint.Checkpoint | None:
         """Continue ``job`` from its checkpoint: its spec starts at the saved step and state."""
-        saved = checkpoint.load(checkpoint.path_for(self.checkpoint_dir, _safe(job.name)),
+        saved = checkpoint.load(checkpoint.path_for(self.checkpoint_dir, safe_name(job.name)),
                                 job.spec.state, job=job.name)
         if saved is not None and not saved.done:
             job.spec = job.spec.replace(state=saved.state, start_step=saved.step)
@@ -596,56 +543,6 @@ class Runtime:
                 if j.lane == lane and j.status not in TERMINAL and j.in_flight == 0
                 and (j.stop_reason is not None or j.data_done or j.steps_left == 0)]
 
-    def _offloads(self, lane: int) -> list[JobRecord]:
-        """Paused jobs of this lane whose state should move to the host now (lock held)."""
-        return [j for j in self._jobs.values()
-                if j.lane == lane and j.offload and not j.swapped and j.in_flight == 0
-                and j.status == PAUSED and j.hold_for_checkpoint is None and j.state is not None]
-
-    def _host_memory(self):
-        kinds = {m.kind for m in self.device.addressable_memories()}
-        kind = "pinned_host" if "pinned_host" in kinds else ("unpinned_host" if "unpinned_host" in kinds else None)
-        return jax.sharding.SingleDeviceSharding(self.device, memory_kind=kind) if kind else None
-
-    def _swap_out(self, jobs: list[JobRecord]) -> None:
-        """Move paused jobs' states to host memory and give their bytes to queued jobs."""
-        target = self._host_memory()
-        for job in jobs:
-            # A device-to-host copy (outside the lock); with no host memory space, numpy.
-            host = jax.device_put(job.state, target) if target is not None else jax.device_get(job.state)
-            jax.block_until_ready(host)
-            with self._cv:
-                if not job.offload or job.swapped:  # resumed meanwhile: keep it on the device
-                    continue
-                job.state, job.swapped = host, True
-                self.arena.swap_out(job.id)
-                self._log(job, "state offloaded to host memory")
-                started = self.arena.retry(in_flight=self._in_flight_jobs())
-                self._cv.notify_all()
-            self._start_all(started)
-
-    def _waiting_swap_in(self) -> bool:
-        with self._cv:
-            return any(j.swapped and not j.paused for j in self._jobs.values())
-
-    def _swap_in_waiting(self) -> None:
-        """Bring resumed, offloaded jobs back to the device where their lanes have room."""
-        with self._cv:
-            back = [j for j in self._jobs.values()
-                    if j.swapped and not j.paused and j.status == PAUSED
-                    and self.arena.swap_in(j.id, in_flight=self._in_flight_jobs())]
-            for job in back:
-                job.swapped = False  # reserved in the arena; the copy follows
-        device_memory = jax.sharding.SingleDeviceSharding(
-            self.device, memory_kind=self.device.default_memory().kind)
-        for job in back:
-            state = jax.device_put(job.state, device_memory, may_alias=False)
-            with self._cv:
-                job.state = state
-                job.status = RUNNING if not job.paused else PAUSED
-                self._log(job, "state back on the device")
-                self._cv.notify_all()
-
     def _finish(self, jobs: list[JobRecord]) -> None:
         """End jobs with nothing in flight: fetch a finished job's state to the host (outside the
         lock: it is a device-to-host copy), free their memory, start what the memory admits."""
@@ -768,7 +665,7 @@ class Runtime:
         try:
             outputs = job.compiled.executable(job.state, batch)
         except Exception as err:  # noqa: BLE001 - e.g. a batch that does not match the compile
-            cause = _dispatch_error(job, step, batch, err)
+            cause = dispatch_error(job, step, batch, err)
             with self._cv:
                 job.in_flight -= 1
                 self._lane_in_flight[lane] -= 1
@@ -827,19 +724,6 @@ class Runtime:
                 self._cv.notify_all()
         self._start_all(started)
 
-    def _save_checkpoint(self, job: JobRecord, step: int, state: Any, *, done: bool) -> None:
-        """Copy ``state`` to the host and write it (outside the lock). A failed write is logged and
-        fails nothing: the job goes on and the previous checkpoint stays valid."""
-        if job.log_file is not None:
-            job.log_file.flush()  # the metrics rows up to the checkpoint survive a kill
-        try:
-            host = state if done else jax.device_get(state)
-            checkpoint.save(checkpoint.path_for(self.checkpoint_dir, _safe(job.name)), step=step,
-                            state=host, metrics=job.last_metrics, done=done)
-        except Exception as err:  # noqa: BLE001
-            log.warning("job %r: checkpoint at step %d failed: %s", job.name, step, err)
-            self._log(job, f"checkpoint at step {step} failed: {short_error(err)}")
-
     def _observe(self, job: JobRecord, step: int, metrics: dict[str, float], t_end_ns: int) -> dict[str, float]:
         """Run the job's observer (lock held: observers must be quick); its failure fails the job."""
         try:
@@ -849,102 +733,14 @@ class Runtime:
             return metrics
         return {**metrics, **{k: float(v) for k, v in (extra or {}).items()}}
 
-    # ------------------------------------------------------------------ timing
+    # ------------------------------------------------------------------ notify
     def _notify(self) -> None:
         with self._cv:
             self._cv.notify_all()
 
-    def _drain_fences(self) -> None:
-        """Pair begin/end fence events into executed-step records (lock held)."""
-        if self._ring is None:
-            return
-        events = ffi.drain(self._ring)
-        for ev in events:
-            jid, t = int(ev["job"]), int(ev["t_ns"])
-            if ev["kind"] == 0:
-                self._open_begins[jid] = t
-                continue
-            t0 = self._open_begins.pop(jid, None)
-            job = self._jobs.get(jid)
-            if t0 is None or job is None:
-                continue
-            self._record_step(job, int(ev["lane"]), t0, t)
-
-    def _host_timing(self, lane: int, job: JobRecord, item: _InFlight, t_end: int) -> None:
-        """Without fences: a step's device interval is approximated from the host: it started
-        when dispatched or when the lane's previous step ended, whichever was later."""
-        t0 = max(item.t_dispatch_ns, self._host_times.get(lane, 0))
-        self._host_times[lane] = t_end
-        self._record_step(job, lane, t0, t_end)
-
-    def _record_step(self, job: JobRecord, lane: int, t0: int, t1: int) -> None:
-        dt = max(t1 - t0, 0) / 1e9
-        job.device_time_s += dt
-        job.step_times.append(dt)
-        job.step_time_s = dt if job.step_time_s is None else (1 - _EMA) * job.step_time_s + _EMA * dt
-        if job.compiled is not None and job.compiled.flops and dt > 0:
-            rate = job.compiled.flops / dt
-            self._flops_per_s = rate if self._flops_per_s is None else (1 - _EMA) * self._flops_per_s + _EMA * rate
-        self._timeline.append(StepRecord(job.id, lane, job.spec.start_step + job.steps_recorded, t0, t1))
-        job.steps_recorded += 1
-
-    # ------------------------------------------------------------------ logs
-    def _open_log(self, job: JobRecord) -> None:
-        if self.log_dir is None:
-            return
-        d = self.log_dir / _safe(job.name)
-        d.mkdir(parents=True, exist_ok=True)
-        metrics_path = d / "metrics.jsonl"
-        if self._resume and metrics_path.exists():
-            # Steps after the checkpoint ran but their state was lost: they run again, so their
-            # old rows go (the file then reads exactly like an uninterrupted run's).
-            keep = [ln for ln in metrics_path.read_text().splitlines()
-                    if ln.strip() and json.loads(ln).get("step", -1) < job.spec.start_step]
-            metrics_path.write_text("".join(ln + "\n" for ln in keep))
-        job.log_file = open(metrics_path, "a", buffering=1 << 16)
-        (d / "log.txt").touch()
-
-    def _log(self, job: JobRecord, line: str) -> None:
-        if self.log_dir is None:
-            return
-        with open(self.log_dir / _safe(job.name) / "log.txt", "a") as f:
-            f.write(line.rstrip("\n") + "\n")
-
-    def _write_metrics(self, job: JobRecord, step: int, metrics: dict[str, float]) -> None:
-        if job.log_file is not None:
-            row = {"step": step, "time_s": round(now_s() - self.t0, 6), **metrics}
-            job.log_file.write(json.dumps(row) + "\n")
-
-
 def _host_ns() -> int:
     import time
     return time.monotonic_ns()
-
-
-def _safe(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_.=," else "_" for c in name)
-
-
-def _dispatch_error(job: JobRecord, step: int, batch: Any, err: Exception) -> str:
-    """Say what went wrong at dispatch; ``batch`` is the flat leaves the prefetcher made."""
-    want = jax.tree.map(lambda s: f"{s.dtype}{list(s.shape)}", job.compiled.batch_struct)
-    got = jax.tree.unflatten(job.compiled.batch_def, [
-        f"{getattr(x, 'dtype', type(x).__name__)}{list(np.shape(x))}" for x in batch])
-    if want != got:
-        return f"batch {step} does not match the compiled step: expected {want}, got {got}"
-    return f"step {step} raised: {short_error(err)}"
-
-
-def short_error(err: BaseException) -> str:
-    """``Type: message`` on one line; for XLA's wrapped errors (a host callback's traceback inside
-    a JaxRuntimeError) the last line, which names the original exception. The full text goes to
-    the job's log."""
-    lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
-    if not lines:
-        return type(err).__name__
-    if len(lines) == 1:
-        return f"{type(err).__name__}: {lines[0]}"
-    return f"{type(err).__name__}: {lines[0][:120]} ... {lines[-1].strip()}"
 
 
 def run(specs: Iterable[JobSpec], *, policy: str = "pack", memory: int | str | None = None,
