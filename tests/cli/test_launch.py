@@ -110,8 +110,8 @@ def test_example_sweep_end_to_end(tmp_path, capsys, monkeypatch):
 
 def test_a_job_that_can_never_fit_stops_the_launch_before_anything_runs(tmp_path, fac, capsys):
     write_spec(tmp_path, f'[[job]]\nentry = "{fac}:make"\nparams = {{ width = [4, 8] }}\n')
-    assert main(["launch", "spec.toml", "--out", "run", "--memory", "100"]) == 2
+    assert main(["launch", "spec.toml", "--out", "run", "--memory", "10"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("xshare launch: error: job '0_width=4' needs ")
-    assert "but the arena holds 100 B" in err and err.rstrip().endswith("Nothing was run.")
+    assert "but the arena holds 10 B" in err and err.rstrip().endswith("Nothing was run.")
     assert not any(p.stat().st_size for p in (tmp_path / "run").glob("*/metrics.jsonl"))
