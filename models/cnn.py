@@ -21,7 +21,7 @@ from flax import nnx
 
 import xshare
 
-from .common import accuracy, train_job
+from .common import check_positive_ints, classification_loss, train_job
 
 IMAGE, CHANNELS_IN, CLASSES = 32, 3, 10
 MAX_SHIFT = 4
@@ -85,17 +85,10 @@ class PatternData:
 def make_job(lr: float = 1e-3, channels: int = 16, blocks: int = 2, batch: int = 32, steps: int = 100,
              seed: int = 0, name: str | None = None) -> xshare.JobSpec:
     """A bound CNN training job: Adam(lr) on a ResNet of ``blocks`` residual blocks, ``channels`` wide."""
-    for key, value in (("channels", channels), ("blocks", blocks), ("batch", batch)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"cnn: {key}={value!r} must be a positive int")
+    check_positive_ints("cnn", channels=channels, blocks=blocks, batch=batch)
     model = ResNet(channels, blocks, rngs=nnx.Rngs(seed))
 
-    def loss_fn(model, batch):
-        logits = model(batch["x"])
-        loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
-        return loss, {"accuracy": accuracy(logits, batch["y"])}
-
-    step, state = train_job(model, optax.adam(lr), loss_fn, name="cnn")
+    step, state = train_job(model, optax.adam(lr), classification_loss, name="cnn")
     return step.bind(state, PatternData(batch, seed), steps=steps, name=name or f"cnn-c{channels}-s{seed}",
                      meta={"model": "cnn", "lr": lr, "channels": channels, "blocks": blocks, "batch": batch,
                            "seed": seed})

@@ -48,3 +48,17 @@ def train_job(model: nnx.Module, tx: optax.GradientTransformation,
 
 def accuracy(logits: jax.Array, labels: jax.Array) -> jax.Array:
     return jnp.mean(jnp.argmax(logits, -1) == labels)
+
+
+def classification_loss(model: nnx.Module, batch: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Softmax cross-entropy on ``batch["x"]`` -> ``batch["y"]`` (int labels), plus accuracy."""
+    logits = model(batch["x"])
+    loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
+    return loss, {"accuracy": accuracy(logits, batch["y"])}
+
+
+def check_positive_ints(model: str, **values: Any) -> None:
+    """Reject sizes that are not positive ints, naming the model, the parameter and the value."""
+    for key, value in values.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{model}: {key}={value!r} must be a positive int")

@@ -13,7 +13,7 @@ from flax import nnx
 
 import xshare
 
-from .common import accuracy, train_job
+from .common import check_positive_ints, classification_loss, train_job
 
 IN_DIM, CLASSES = 32, 10
 
@@ -49,17 +49,10 @@ class TeacherData:
 def make_job(lr: float = 1e-3, width: int = 128, depth: int = 2, batch: int = 64, steps: int = 200,
              seed: int = 0, name: str | None = None) -> xshare.JobSpec:
     """A bound MLP training job: Adam(lr) on ``depth`` hidden layers of ``width`` units."""
-    for key, value in (("width", width), ("depth", depth), ("batch", batch)):
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"mlp: {key}={value!r} must be a positive int")
+    check_positive_ints("mlp", width=width, depth=depth, batch=batch)
     model = MLP(width, depth, rngs=nnx.Rngs(seed))
 
-    def loss_fn(model, batch):
-        logits = model(batch["x"])
-        loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
-        return loss, {"accuracy": accuracy(logits, batch["y"])}
-
-    step, state = train_job(model, optax.adam(lr), loss_fn, name="mlp")
+    step, state = train_job(model, optax.adam(lr), classification_loss, name="mlp")
     return step.bind(state, TeacherData(batch, seed), steps=steps, name=name or f"mlp-w{width}-s{seed}",
                      meta={"model": "mlp", "lr": lr, "width": width, "depth": depth, "batch": batch,
                            "seed": seed})
