@@ -11,7 +11,7 @@ import pytest
 from xshare.bench.report import FIGURES
 from xshare.cli.main import main
 
-MODES = ("exclusive", "xshare:pack", "processes")
+MODES = ("exclusive", "xshare:pack", "processes", "threads")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 

@@ -59,12 +59,6 @@ class TreeSampler:
         self._stop.set()
         self._thread.join()
 
-    def add(self, pid: int) -> None:
-        try:
-            self._procs.setdefault(pid, self._psutil.Process(pid))
-        except self._psutil.Error:
-            pass
-
     def _refresh(self) -> None:
         for root in self._roots:
             try:
@@ -169,10 +163,11 @@ def _finish(children: Sequence[_Child], timeout: float) -> None:
         c.done.wait(5.0)
 
 
-def run_child(command: str, payload: dict[str, Any], *, what: str, timeout: float = 1800.0) -> dict[str, Any]:
+def run_child(command: str, payload: dict[str, Any], *, what: str, timeout: float = 1800.0,
+              env: dict[str, str] | None = None) -> dict[str, Any]:
     """Run one worker command in a fresh process; its result plus the process's memory peaks."""
     t = time.monotonic()
-    child = _spawn(command, payload, what)
+    child = _spawn(command, payload, what, env=env)
     with TreeSampler([child.proc.pid]) as sampler:
         _finish([child], timeout)
     result = child.result()
@@ -184,12 +179,13 @@ def run_child(command: str, payload: dict[str, Any], *, what: str, timeout: floa
     return result
 
 
-def run_processes(jobs: Sequence[dict[str, Any]], *, timeout: float = 1800.0) -> dict[str, Any]:
+def run_processes(jobs: Sequence[dict[str, Any]], *, timeout: float = 1800.0,
+                  env: dict[str, str] | None = None) -> dict[str, Any]:
     """The ``processes`` mode: one worker process per job, started together; each compiles, then
     all start running at once (a barrier), so compile time is excluded as in every mode. On a
     GPU each process is told not to preallocate (otherwise the second one cannot start)."""
     t = time.monotonic()
-    env = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+    env = {**(env or {}), "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
     children = [_spawn("job", {"job": j}, what=f"processes: job {j['name']}", env=env, stdin=True) for j in jobs]
     with TreeSampler([c.proc.pid for c in children]) as sampler:
         try:
@@ -259,7 +255,25 @@ def machine() -> dict[str, Any]:
         load = None
     return {"cpu": cpu, "logical_cores": os.cpu_count(), "physical_cores": psutil.cpu_count(logical=False),
             "ram_bytes": int(psutil.virtual_memory().total), "python": platform.python_version(),
-            "os": f"{platform.system()} {platform.release()}", "loadavg_start": load}
+            "os": f"{platform.system()} {platform.release()}", "loadavg_start": load, "git": git_revision()}
+
+
+def xla_env(flags: str | None) -> dict[str, str]:
+    """The environment that adds ``flags`` to the measured processes' ``XLA_FLAGS``."""
+    if not flags:
+        return {}
+    return {"XLA_FLAGS": " ".join(f for f in (os.environ.get("XLA_FLAGS", ""), flags) if f)}
+
+
+def git_revision() -> str | None:
+    """The checkout's commit, with ``-dirty`` when files differ from it (None outside git)."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    try:
+        out = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=root, capture_output=True,
+                             text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
 
 
 def loadavg() -> list[float] | None:

@@ -2,6 +2,8 @@
 
 * ``exclusive``: one job at a time, each alone with the device, in the plain loop
   (:mod:`xshare.bench.loop`): what exclusive allocation gives each job. One process.
+* ``threads``: every job's plain loop in its own thread of one process, started together:
+  sharing by hand, without a runtime; the ceiling of what concurrency gives on this device.
 * ``processes``: one Python process per job, all started at once, each running the plain loop:
   how users share a device today. (Orchestrated by :mod:`xshare.bench.measure`; each process
   runs :func:`run_worker`.)
@@ -25,9 +27,9 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from .workloads import JobPlan, build
 
-PLAIN_MODES = ("exclusive", "processes")
+PLAIN_MODES = ("exclusive", "threads", "processes")
 XSHARE_POLICIES = ("pack", "fifo", "srtf", "fair")
-DEFAULT_MODES = ("exclusive", "processes") + tuple(f"xshare:{p}" for p in XSHARE_POLICIES)
+DEFAULT_MODES = ("exclusive", "threads", "processes") + tuple(f"xshare:{p}" for p in XSHARE_POLICIES)
 
 
 def parse_modes(text: str | Sequence[str]) -> tuple[str, ...]:
@@ -168,6 +170,49 @@ def run_exclusive(plans: Sequence[JobPlan]) -> dict[str, Any]:
         gc.collect()
     return {"makespan_s": clock, "compile_s": compile_s, "jobs": jobs, "cpu": sum_cpu(cpu),
             "device_peak_bytes": device_peak_bytes(), "maxrss_bytes": maxrss_bytes()}
+
+
+def run_threads(plans: Sequence[JobPlan]) -> dict[str, Any]:
+    """Every job's plain loop in its own thread of one process, all started together: sharing
+    by hand, without a runtime (no admission, no policy, no memory bookkeeping). Its throughput
+    is what this machine gives to concurrent steps at all: the ceiling a runtime can approach."""
+    import threading
+
+    from .loop import cpu_snapshot, prepare
+
+    specs = [build(p) for p in plans]
+    plain = [prepare(s) for s in specs]
+    fresh = [build(p) if s.observer is not None else None for p, s in zip(plans, specs)]
+    runs: list[Any] = [None] * len(plain)
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(len(plain) + 1)
+
+    def one(i: int) -> None:
+        barrier.wait()
+        try:
+            runs[i] = plain[i].run_steps(fresh[i])
+        except BaseException as err:  # noqa: BLE001 - reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=one, args=(i,), name=f"bench-job-{i}") for i in range(len(plain))]
+    for t in threads:
+        t.start()
+    cpu0 = cpu_snapshot()
+    t_go = time.monotonic()
+    barrier.wait()
+    for t in threads:
+        t.join()
+    cpu = cpu_snapshot().since(cpu0)
+    if errors:
+        raise errors[0]
+    jobs = []
+    for plan, p, run in zip(plans, plain, runs):
+        jobs.append({"name": plan.name, "status": "done", "steps": run.steps, "jct_s": run.t_end - t_go,
+                     "run_s": run.seconds, "mean_step_s": run.seconds / max(run.steps, 1),
+                     "flops_per_step": p.flops_per_step, "compile_s": p.compile_s, **_latency(run.metrics)})
+    return {"makespan_s": max(r.t_end for r in runs) - t_go, "compile_s": sum(p.compile_s for p in plain),
+            "jobs": jobs, "cpu": cpu.to_json(), "device_peak_bytes": device_peak_bytes(),
+            "maxrss_bytes": maxrss_bytes()}
 
 
 def run_worker(plan: JobPlan, ready: Any, go: Any) -> dict[str, Any]:

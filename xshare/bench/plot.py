@@ -16,6 +16,8 @@ def _color(mode: str) -> str:
         return "#7f7f7f"
     if mode == "processes":
         return "#d62728"
+    if mode == "threads":
+        return "#ff7f0e"
     return {"xshare:pack": "#1f77b4", "xshare:fifo": "#9ecae1", "xshare:srtf": "#2ca02c",
             "xshare:fair": "#17becf"}.get(mode, "#1f77b4")
 

@@ -338,9 +338,9 @@ def _profile_lines(wl: Mapping[str, Any]) -> list[str]:
             if alone and shared:
                 slow.append(shared / alone)
         if slow:
-            lines.append(f"  Each job's wall time per step under `{mode}` is {statistics.median(slow):.2f}x "
-                         f"its time per step alone (median over jobs): the jobs' steps overlap, so each "
-                         "takes longer but more finish per second.")
+            lines.append(f"  A job's run (from when the runtime started it to its end) per step is "
+                         f"{statistics.median(slow):.2f}x its time per step alone (median over jobs): it shares "
+                         "the device, or waits for it, for its whole run.")
     return lines
 
 
@@ -354,7 +354,10 @@ def markdown(results: Mapping[str, Any]) -> str:
            f"jax {cal.get('jax_version', '?')} (jaxlib {cal.get('jaxlib_version', '?')}) on "
            f"{cal.get('platform', '?')} ({cal.get('device_kind', '?')}). "
            f"Load average (1/5/15 min) at start {_load(m.get('loadavg_start'))}, at end {_load(m.get('loadavg_end'))}"
-           " (a shared machine: other work ran alongside).", "",
+           " (a shared machine: other work ran alongside). "
+           f"Code: {m.get('git') or 'unknown revision'}. "
+           + (f"Every measured process ran with `XLA_FLAGS` += `{cfg['xla_flags']}` (all modes alike)."
+              if cfg.get("xla_flags") else "XLA flags: defaults."), "",
            f"Device peak: {fmt('achieved_flops_per_s', cal.get('peak_flops_per_s'))}FLOP/s "
            f"({cal.get('method', 'not measured')}; the better of the measurements at the start and end of the run). "
            "Utilization = achieved FLOP/s (steps x FLOPs per step from XLA's `cost_analysis()`) / that peak.", "",
@@ -410,7 +413,7 @@ def markdown(results: Mapping[str, Any]) -> str:
                                                       else f"{t['value']:.2f}x")
             out.append(f"| {label} (target {t['target']}) | {value} | {'yes' if t['met'] else '**no**'} |")
         out.append("")
-    reading = list(results.get("analysis") or []) + explain(results)
+    reading = [line for para in results.get("analysis") or [] for line in (para, "")] + explain(results)
     if reading:
         out += ["### Reading the numbers", ""] + reading + [""]
     return "\n".join(out) + "\n"
@@ -426,6 +429,9 @@ METHOD = [
     "- `exclusive`: one job at a time, alone with the device, its step `jax.jit`-ed (state donated) "
     "in a plain Python loop (batch k made while step k-1 runs; metrics read one step behind); "
     "one fresh process. Job i completes after jobs 0..i: the JCTs of a FIFO queue.",
+    "- `threads`: one fresh process, every job's plain loop in its own thread, all started together: "
+    "sharing by hand, without a runtime. It shows how much this machine gives to concurrent steps at all, "
+    "the ceiling for any sharing runtime.",
     "- `processes`: one fresh Python process per job, all started at once, each running that plain "
     "loop; each compiles, then all start together at a barrier. On GPU they run with "
     "`XLA_PYTHON_CLIENT_PREALLOCATE=false` (otherwise the second process cannot start).",
@@ -469,6 +475,14 @@ def explain(results: Mapping[str, Any]) -> list[str]:
             line += (f"Utilization (achieved FLOP/s over the measured matmul peak): {100 * e['utilization']:.1f}% "
                      f"alone, {100 * x['utilization']:.1f}% shared.")
         out.append(line)
+        th = modes.get("threads")
+        if th and th["ok_runs"] and (th.get("ratio_to_exclusive") or {}).get("steps_per_s") is not None:
+            rt = th["ratio_to_exclusive"]["steps_per_s"]
+            rx = _paired(xp["runs"], th["runs"], "steps_per_s")
+            out.append(f"  `threads` (the same plain loops run concurrently in one process, no runtime) completes "
+                       f"{rt:.2f}x the steps per second of `exclusive`: that is what running these steps "
+                       f"concurrently buys on this machine at all, the ceiling for sharing"
+                       + (f"; `{TARGET_MODE}` reaches {rx:.2f}x of it." if rx is not None else "."))
         if pr and pr["ok_runs"]:
             p = pr["median"]
             n = len(wl["jobs"])

@@ -32,6 +32,7 @@ class BenchConfig:
     matmul_n: int = 2048
     matmul_repeats: int = 5
     timeout_s: float = 1800.0            # per measured process
+    xla_flags: str | None = None         # added to XLA_FLAGS of every measured process (not calibration)
     smoke: bool = False
     command: str = ""
     analysis: Sequence[str] = field(default_factory=tuple)   # paragraphs added to the report
@@ -89,7 +90,7 @@ def run_bench(cfg: BenchConfig, log: Callable[[str], None] = print) -> dict[str,
         log(f"single-job overhead: {plan.entry} {plan.params}, {plan.steps} steps, {cfg.overhead_pairs} pairs")
         try:
             overhead = measure.run_child("overhead", {"job": plan.to_json(), "pairs": cfg.overhead_pairs},
-                                         what="overhead", timeout=cfg.timeout_s)
+                                         what="overhead", timeout=cfg.timeout_s, env=measure.xla_env(cfg.xla_flags))
         except measure.BenchError as err:
             overhead = {"error": str(err)}
             log(f"overhead: FAILED: {str(err).splitlines()[0]}")
@@ -140,11 +141,13 @@ def _calibrate(cfg: BenchConfig) -> dict[str, Any]:
 
 
 def _run_mode(mode: str, jobs: list[dict[str, Any]], cfg: BenchConfig) -> dict[str, Any]:
+    env = measure.xla_env(cfg.xla_flags)
     try:
         if mode == "processes":
-            run = measure.run_processes(jobs, timeout=cfg.timeout_s)
+            run = measure.run_processes(jobs, timeout=cfg.timeout_s, env=env)
         else:
-            run = measure.run_child("mode", {"mode": mode, "jobs": jobs}, what=mode, timeout=cfg.timeout_s)
+            run = measure.run_child("mode", {"mode": mode, "jobs": jobs}, what=mode, timeout=cfg.timeout_s,
+                                    env=env)
     except measure.BenchError as err:
         return {"ok": False, "error": str(err), "makespan_s": None, "peak_rss_bytes": None}
     failed = [j for j in run["jobs"] if j.get("status") != "done"]
@@ -159,4 +162,4 @@ def _run_mode(mode: str, jobs: list[dict[str, Any]], cfg: BenchConfig) -> dict[s
 def _config_json(cfg: BenchConfig) -> dict[str, Any]:
     return {"workloads": list(cfg.workloads), "modes": list(cfg.modes), "repeats": cfg.repeats,
             "steps": cfg.steps, "overhead": cfg.overhead, "overhead_pairs": cfg.overhead_pairs,
-            "matmul_n": cfg.matmul_n, "smoke": cfg.smoke}
+            "matmul_n": cfg.matmul_n, "smoke": cfg.smoke, "xla_flags": cfg.xla_flags}

@@ -5,7 +5,7 @@ RSS of that process tree) and no mode inherits another's warm caches or compiled
 
 Commands (JSON argument in, one result line out):
 
-* ``mode``      ``{"mode": "exclusive" | "xshare:<policy>", "jobs": [...]}``
+* ``mode``      ``{"mode": "exclusive" | "threads" | "xshare:<policy>", "jobs": [...]}``
 * ``job``       ``{"job": {...}}``: one job of the ``processes`` mode. Prints ``ready`` once
   compiled, then waits for a line on stdin (the start barrier) before running.
 * ``overhead``  ``{"job": {...}, "pairs": N}``
@@ -76,6 +76,8 @@ def main(argv: list[str]) -> int:
             kind, policy, kwargs = modes.mode_spec(mode)
             if kind == "exclusive":
                 result = modes.run_exclusive(plans)
+            elif kind == "threads":
+                result = modes.run_threads(plans)
             elif kind == "xshare":
                 result = modes.run_xshare(plans, policy, runtime_kwargs=kwargs)
             else:

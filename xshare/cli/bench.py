@@ -30,6 +30,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-overhead", action="store_true", help="skip the single-job overhead measurement")
     parser.add_argument("--overhead-pairs", type=int, default=7, metavar="N",
                         help="plain/xshare pairs of the single-job overhead measurement (default: %(default)s)")
+    parser.add_argument("--xla-flags", metavar="FLAGS",
+                        help="added to XLA_FLAGS of every measured process, in every mode alike (not the "
+                             "peak calibration), e.g. '--xla_cpu_multi_thread_eigen=false "
+                             "intra_op_parallelism_threads=1'")
     parser.add_argument("--smoke", action="store_true",
                         help="a tiny run (2 small jobs, few steps, 1 repeat; modes exclusive, xshare:pack, "
                              "processes unless --modes is given): checks that everything works, measures nothing")
@@ -47,7 +51,8 @@ def config_from_args(args: argparse.Namespace):
     out = Path(args.out) if args.out else Path("runs") / f"bench-{_dt.datetime.now():%Y%m%d-%H%M%S}"
     names = [w.strip() for w in args.workload.split(",") if w.strip()]
     workloads = list(WORKLOADS) if names == ["all"] else names
-    common = {"out": out, "command": command_line(args, out), "overhead": not args.no_overhead}
+    common = {"out": out, "command": command_line(args, out), "overhead": not args.no_overhead,
+              "xla_flags": args.xla_flags or None}
     if args.smoke:
         over = dict(common)
         if args.modes:
@@ -85,6 +90,8 @@ def command_line(args: argparse.Namespace, out: Path) -> str:
         parts.append("--no-overhead")
     elif args.overhead_pairs != 7:
         parts += ["--overhead-pairs", str(args.overhead_pairs)]
+    if args.xla_flags:
+        parts += ["--xla-flags", args.xla_flags]
     parts += ["--out", str(out)]
     return " ".join(shlex.quote(p) for p in parts)
 

@@ -705,17 +705,25 @@ class Runtime(OffloadMixin, TimingMixin, JobLogMixin):
                 if bad and job.spec.nan_policy == "fail":
                     self._fail(job, f"non-finite metric {bad[0]}={metrics[bad[0]]} at step {item.step} "
                                     "(nan_policy='fail')")
+            timing_changed = True
             if self._ring is not None:
                 # Fence records are paired in batches: a drain per step would cost more host
                 # time than a small step takes. Device time is at most a few steps stale.
                 self._completions += 1
-                if self._completions % _DRAIN_EVERY == 0 or job.in_flight == 0:
+                timing_changed = self._completions % _DRAIN_EVERY == 0 or job.in_flight == 0
+                if timing_changed:
                     self._drain_fences()
             else:
                 self._host_timing(lane, job, item, t_end)
             started = self.arena.retry(in_flight=self._in_flight_jobs()) if self.arena.queue else []
             save = job.hold_for_checkpoint == item.step and err is None and job.stop_reason is None
-            self._cv.notify_all()
+            # Wake the other lanes only when what they wait on may have changed: device times
+            # (fair, srtf), a lane that drained (exclusive policies wait for it), a job that
+            # must end, or memory given to a queued job. Waking every idle lane thread after
+            # every step costs the host more than a small step takes.
+            if (timing_changed or self._lane_in_flight[lane] == 0 or started or save
+                    or job.stop_reason is not None or job.data_done or job.steps_left == 0):
+                self._cv.notify_all()
         if save:
             self._save_checkpoint(job, item.step + 1, item.outputs[0], done=False)
         if job.hold_for_checkpoint == item.step:

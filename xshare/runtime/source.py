@@ -98,7 +98,11 @@ class Prefetcher:
         while not self._stop.is_set():
             try:
                 self._queue.put(item, timeout=0.1)
-                self._on_ready()
+                # Wake the lanes only when the queue was empty: otherwise this job already had
+                # a batch waiting and no lane can be idle for want of this one (a wake-up is a
+                # lock round trip plus every idle lane thread rescheduled, per batch).
+                if self._queue.qsize() <= 1:
+                    self._on_ready()
                 return True
             except queue.Full:
                 continue
