@@ -6,7 +6,6 @@ from .arena import LaneInfo as LaneInfo
 from .arena import Move as Move
 from .arena import Queued as Queued
 
-# --- footprint.py (owned elsewhere) re-exports its public names here, e.g.:
-# from .footprint import Footprint as Footprint
+from .footprint import Footprint as Footprint
 
-__all__ = ["Admitted", "Arena", "LaneInfo", "Move", "Queued"]
+__all__ = ["Admitted", "Arena", "Footprint", "LaneInfo", "Move", "Queued"]

@@ -1,0 +1,73 @@
+"""Footprints from XLA's analysis (unknown is refused, never zero) and where capacity comes from."""
+
+from __future__ import annotations
+
+import re
+from types import SimpleNamespace
+
+import jax
+import pytest
+
+from xshare import FootprintUnknown
+from xshare.memory import device as memdev
+from xshare.memory.footprint import footprint_from_analysis
+from xshare.runtime.compiler import compile_step
+from tests.helpers import heavy_data, heavy_state, heavy_step
+
+
+def _stats(arg, out, alias, temp):
+    return SimpleNamespace(argument_size_in_bytes=arg, output_size_in_bytes=out, alias_size_in_bytes=alias,
+                           temp_size_in_bytes=temp, generated_code_size_in_bytes=0)
+
+
+def test_footprint_splits_state_from_batch_temp_and_metrics():
+    fp = footprint_from_analysis(_stats(arg=1000 + 200, out=1000 + 8, alias=1000, temp=300),
+                                 state_bytes=1000, batch_bytes=200, prefetch=2, job="j")
+    assert (fp.persistent, fp.ephemeral, fp.staging, fp.temp) == (1000, 300 + 200 + 8, 400, 300)
+    assert fp.resident == 1400 and fp.total == 1400 + 508
+
+
+@pytest.mark.parametrize("stats", [None, _stats(0, 0, 0, 0), _stats(1200, 1008, 1000, -1)],
+                         ids=["no analysis", "all zeros (jax #18954)", "temp -1"])
+def test_an_unusable_analysis_is_refused_never_taken_as_zero(stats):
+    with pytest.raises(FootprintUnknown, match=re.escape("job 'j'")):
+        footprint_from_analysis(stats, state_bytes=1000, batch_bytes=200, prefetch=2, job="j")
+
+
+def test_the_donated_compile_reports_temporaries():
+    # Donation matters: without it XLA packs temporaries into the outputs (DESIGN.md).
+    spec = heavy_step.bind(heavy_state(dim=128), heavy_data(dim=128, batch=64), steps=1, name="h")
+    fp = compile_step(spec.fn, spec.state, spec.data(0), device=jax.devices()[0], name="h", job_id=0,
+                      ring_id=None, prefetch=2).footprint
+    assert fp.persistent == 128 * 128 * 4 + 4
+    assert fp.temp > 0 and fp.ephemeral >= fp.temp + 64 * 128 * 4
+
+
+class _Device:
+    platform, device_kind = "gpu", "Fake GPU"
+
+    def __init__(self, stats):
+        self._stats = stats
+
+    def memory_stats(self):
+        return self._stats
+
+
+def test_capacity_from_the_argument_the_gpu_pool_or_ram():
+    assert memdev.arena_capacity("1GiB", _Device(None)) == (1 << 30, "memory argument")
+    assert memdev.arena_capacity(None, _Device({"bytes_limit": 5 << 30})) == (
+        5 << 30, "gpu preallocated pool (bytes_limit)")
+    cap, source = memdev.arena_capacity(None, _Device(None))
+    assert cap == int(memdev.physical_ram() * memdev.CPU_RAM_FRACTION) and source == "50% of physical RAM"
+    with pytest.raises(ValueError, match=re.escape("is more than the device's pool of 4.0 GiB on Fake GPU")):
+        memdev.arena_capacity("8GiB", _Device({"bytes_limit": 4 << 30}))
+
+
+def test_preallocation_settings_never_override_the_user(monkeypatch):
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_PREALLOCATE", raising=False)
+    monkeypatch.setenv("XLA_CLIENT_MEM_FRACTION", "0.5")
+    monkeypatch.setenv("XSHARE_MEM_FRACTION", "0.8")
+    memdev.configure_preallocation()
+    import os
+    assert os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] == "true"
+    assert os.environ["XLA_CLIENT_MEM_FRACTION"] == "0.5"
