@@ -117,3 +117,12 @@ def test_a_job_that_can_never_fit_raises_admission_error_with_the_numbers():
         with pytest.raises(xshare.AdmissionError, match=r"job 'huge' needs .* but the arena holds 1\.0 MiB"):
             rt.submit(spec)
         assert rt.jobs == []
+
+
+def test_a_job_with_no_state_and_no_metrics_still_runs():
+    @xshare.job
+    def count_nothing(state, batch):
+        return state, {}
+
+    (state, metrics), = xshare.run([count_nothing.bind({}, lambda k: {}, steps=3, name="empty")], memory="1MiB")
+    assert state == {} and metrics == {}

@@ -265,7 +265,10 @@ class Runtime(OffloadMixin, TimingMixin, JobLogMixin):
     def _admit(self, job: JobRecord):
         """Ask the arena for a lane (lock held)."""
         fp = job.compiled.footprint
-        placed = self.arena.admit(job.id, fp.resident, fp.ephemeral, name=job.name,
+        # A job that truly holds nothing (no state, no batch, no metrics) still takes a lane;
+        # the arena refuses zero-byte footprints (zero is how unknown looks), so charge 1 byte.
+        ephemeral = fp.ephemeral if fp.resident + fp.ephemeral > 0 else 1
+        placed = self.arena.admit(job.id, fp.resident, ephemeral, name=job.name,
                                   in_flight=self._in_flight_jobs())
         self._log(job, f"compiled: {fp.describe()}; "
                   + (f"lane {placed.lane_id}" if isinstance(placed, Admitted) else f"queued: {placed.reason}"))
@@ -509,26 +512,26 @@ class Runtime(OffloadMixin, TimingMixin, JobLogMixin):
     def _lane_main(self, lane: int) -> None:
         in_flight: deque[_InFlight] = deque()
         while True:
+            # One lock round trip per iteration: jobs to end, states to offload, else the next
+            # step to dispatch; the device work itself happens after the lock is released.
             with self._cv:
                 chores = self._chores(lane)
                 offloads = [] if chores else self._offloads(lane)
-            if offloads:
-                self._swap_out(offloads)
-                continue
-            with self._cv:
-                chores = self._chores(lane)
                 pick = None
-                if not chores and len(in_flight) <= self.dispatch_ahead and not self._closed:
-                    pick = self._pick(lane)
-                if not chores and pick is None and not in_flight:
-                    if self._closed or not self._lane_open(lane):
-                        self._workers.pop(lane, None)
-                        self._cv.notify_all()
-                        return
-                    self._cv.wait(timeout=0.5)
-                    continue
+                if not chores and not offloads:
+                    if len(in_flight) <= self.dispatch_ahead and not self._closed:
+                        pick = self._pick(lane)
+                    if pick is None and not in_flight:
+                        if self._closed or not self._lane_open(lane):
+                            self._workers.pop(lane, None)
+                            self._cv.notify_all()
+                            return
+                        self._cv.wait(timeout=0.5)
+                        continue
             if chores:
                 self._finish(chores)
+            elif offloads:
+                self._swap_out(offloads)
             elif pick is not None:
                 self._dispatch(lane, *pick, in_flight)
             else:
