@@ -106,3 +106,11 @@ def test_first_use_build_goes_to_the_cache_when_the_package_is_read_only(
     assert real_is_fresh(d / _build.CPU_LIB)
     assert f"compiled the XLA FFI fences on first use into {d}" in caplog.text
     assert ffi._locate(want_cuda=False) == d  # found, not rebuilt
+
+
+def test_the_fence_library_is_available_after_install():
+    # The other FFI tests skip when the library is missing (so a machine without a compiler
+    # still runs the rest); this one makes sure a broken build cannot hide behind those skips.
+    from xshare import ffi
+
+    assert ffi.available(), ffi.unavailable_reason()
