@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
+import xshare
+
 
 def losses(log_dir: Path, job: str) -> np.ndarray:
     """The ``loss`` column of a job's ``metrics.jsonl``, in step order."""
@@ -20,3 +22,14 @@ def losses(log_dir: Path, job: str) -> np.ndarray:
 def relative_drop(values: np.ndarray, k: int = 10) -> float:
     """1 - mean(last k) / mean(first k): 0.2 means the loss fell by a fifth."""
     return 1.0 - float(np.mean(values[-k:])) / float(np.mean(values[:k]))
+
+
+def learner_and_control(make_job, steps: int, log_dir: Path):
+    """One runtime, two jobs of ``make_job`` sharing it: ``learns`` (lr=3e-3) must learn and
+    ``frozen`` (lr=0, the control that shows the loss check can fail) must not.
+    Returns ``(log_dir, specs, handles)``."""
+    specs = [make_job(lr=3e-3, steps=steps, name="learns"), make_job(lr=0.0, steps=steps, name="frozen")]
+    with xshare.Runtime(policy="pack", memory="1GiB", log_dir=log_dir) as rt:
+        handles = rt.submit_many(specs)
+        rt.wait()
+    return log_dir, specs, handles

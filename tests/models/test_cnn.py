@@ -7,10 +7,9 @@ import re
 import numpy as np
 import pytest
 
-import xshare
 from models import cnn
 from tests.helpers import assert_trees_equal, plain_loop
-from tests.models import losses, relative_drop
+from tests.models import learner_and_control, losses, relative_drop
 
 STEPS = 40
 
@@ -18,12 +17,7 @@ STEPS = 40
 @pytest.fixture(scope="module")
 def shared_run(tmp_path_factory):
     """One runtime, two CNNs sharing it: lr=3e-3 must learn, lr=0 (the control) must not."""
-    log_dir = tmp_path_factory.mktemp("cnn")
-    specs = [cnn.make_job(lr=3e-3, steps=STEPS, name="learns"), cnn.make_job(lr=0.0, steps=STEPS, name="frozen")]
-    with xshare.Runtime(policy="pack", memory="1GiB", log_dir=log_dir) as rt:
-        handles = rt.submit_many(specs)
-        rt.wait()
-    return log_dir, specs, handles
+    return learner_and_control(cnn.make_job, STEPS, tmp_path_factory.mktemp("cnn"))
 
 
 def test_loss_falls_under_the_runtime_and_the_check_can_fail(shared_run):

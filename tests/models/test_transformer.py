@@ -7,10 +7,9 @@ import re
 import numpy as np
 import pytest
 
-import xshare
 from models import transformer
 from tests.helpers import assert_trees_equal, plain_loop
-from tests.models import losses, relative_drop
+from tests.models import learner_and_control, losses, relative_drop
 
 STEPS = 30
 
@@ -18,13 +17,7 @@ STEPS = 30
 @pytest.fixture(scope="module")
 def shared_run(tmp_path_factory):
     """One runtime, two LMs sharing it: lr=3e-3 must learn, lr=0 (the control) must not."""
-    log_dir = tmp_path_factory.mktemp("transformer")
-    specs = [transformer.make_job(lr=3e-3, steps=STEPS, name="learns"),
-             transformer.make_job(lr=0.0, steps=STEPS, name="frozen")]
-    with xshare.Runtime(policy="pack", memory="1GiB", log_dir=log_dir) as rt:
-        handles = rt.submit_many(specs)
-        rt.wait()
-    return log_dir, specs, handles
+    return learner_and_control(transformer.make_job, STEPS, tmp_path_factory.mktemp("transformer"))
 
 
 def test_loss_falls_under_the_runtime_and_the_check_can_fail(shared_run):

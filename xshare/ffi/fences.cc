@@ -333,8 +333,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     XshareFenceEnd, xshare::FenceEndCpu,
     ffi::Ffi::Bind()
-        .RemainingArgs()             // the step's outputs
-        .RemainingRets()             // the same buffers
+        .RemainingArgs()             // passed-through leaves, then the step's other outputs
+        .RemainingRets()             // the passed-through leaves (aliased); the rest: deps only
         .Attr<int32_t>("ring_id")
         .Attr<int32_t>("job_id")
         .Attr<int32_t>("lane_id"));

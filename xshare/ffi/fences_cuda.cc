@@ -129,8 +129,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(
     XshareFenceEndCuda, xshare::FenceEndCuda,
     ffi::Ffi::Bind()
         .Ctx<ffi::PlatformStream<cudaStream_t>>()
-        .RemainingArgs()             // the step's outputs
-        .RemainingRets()             // the same buffers
+        .RemainingArgs()             // passed-through leaves, then the step's other outputs
+        .RemainingRets()             // the passed-through leaves (aliased); the rest: deps only
         .Attr<int32_t>("ring_id")
         .Attr<int32_t>("job_id")
         .Attr<int32_t>("lane_id"));
