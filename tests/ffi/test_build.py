@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import re
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +16,11 @@ def test_cpu_build(tmp_path):
     (lib,) = _build.build_library(tmp_path, cuda=False)
     assert lib == tmp_path / _build.CPU_LIB
     assert _build.is_fresh(lib)
+    # The library records the jaxlib whose FFI headers it was compiled against.
+    running = _build.jaxlib_version()
+    assert _build.built_for(lib) == running
+    assert _build.is_fresh(lib, running)
+    assert not _build.is_fresh(lib, running + "1")  # 0.10.2 is not 0.10.21
     # The handler symbols must stay visible (no -fvisibility=hidden).
     dll = ctypes.CDLL(str(lib))
     for sym in ("XshareFenceBegin", "XshareFenceEnd", "xshare_ring_open", "xshare_ring_drain"):
@@ -27,6 +33,18 @@ def test_stale_library_is_detected(tmp_path):
     lib.write_bytes(b"\x7fELF not built from these sources")
     assert not _build.is_fresh(lib)
     assert not _build.is_fresh(tmp_path / "missing.so")
+    assert _build.built_for(lib) is None and _build.built_for(tmp_path / "missing.so") is None
+
+
+def test_build_against_given_headers_records_their_version(tmp_path):
+    (lib,) = _build.build_library(tmp_path, cuda=False, include_dir=_build.ffi_include_dir(),
+                                  jaxlib="9.9.9")
+    assert _build.built_for(lib) == "9.9.9"
+    assert _build.is_fresh(lib, "9.9.9") and not _build.is_fresh(lib, _build.jaxlib_version())
+    with pytest.raises(ValueError, match=re.escape("give both include_dir and jaxlib")):
+        _build.build_library(tmp_path, jaxlib="9.9.9")
+    with pytest.raises(ValueError, match=re.escape("jaxlib version '1\"; rm' is not a version")):
+        _build.build_library(tmp_path, include_dir=tmp_path, jaxlib='1"; rm')
 
 
 def test_no_compiler_is_a_clear_error(tmp_path, monkeypatch):
@@ -64,8 +82,9 @@ def test_cuda_required_but_missing(tmp_path, monkeypatch):
 
 
 def test_first_use_build_from_a_source_checkout(tmp_path):
-    # A checkout that was never installed: no library next to the sources. Importing
-    # xshare.ffi compiles it into the package dir, says so, and registers the fences.
+    # A checkout that was never installed: no library next to the sources. The first use
+    # compiles it into the per-jaxlib cache dir (never into the package), says so once, and
+    # registers the fences. Importing xshare.ffi alone builds and loads nothing.
     import os
     import shutil
     import sys
@@ -77,35 +96,40 @@ def test_first_use_build_from_a_source_checkout(tmp_path):
     shutil.copytree(src, tmp_path / "xshare", ignore=shutil.ignore_patterns("*.so", "__pycache__"))
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "JAX_PLATFORMS": "cpu",
            "XDG_CACHE_HOME": str(tmp_path / "cache")}
-    code = ("import jax, jax.numpy as jnp; from xshare import ffi; r = ffi.open_ring(4); "
+    code = ("import jax, jax.numpy as jnp; from xshare import ffi; "
+            "print(ffi._state.loaded, ffi._state.lib); r = ffi.open_ring(4); "
             "jax.block_until_ready(jax.jit(lambda x: ffi.begin(x, ring_id=r, job_id=1))(jnp.ones(2))); "
             "print(ffi.available(), ffi._state.lib_dir, len(ffi.drain(r)))")
     proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["True", str(tmp_path / "xshare" / "ffi"), "1"]
-    assert "compiled the XLA FFI fences on first use" in proc.stderr
-    assert _build.is_fresh(tmp_path / "xshare" / "ffi" / _build.CPU_LIB)
+    cache = (tmp_path / "cache" / "xshare" /
+             f"ffi-{_build.source_hash()}-jaxlib{_build.jaxlib_version()}")
+    assert proc.stdout.split() == ["False", "None", "True", str(cache), "1"]
+    assert proc.stderr.count("compiled the XLA FFI fences on first use") == 1, proc.stderr
+    assert "no library built from these sources was installed" in proc.stderr
+    assert _build.is_fresh(cache / _build.CPU_LIB, _build.jaxlib_version())
+    assert not list((tmp_path / "xshare" / "ffi").glob("*.so"))
 
 
-def test_first_use_build_goes_to_the_cache_when_the_package_is_read_only(
-        tmp_path, monkeypatch, caplog):
+def test_first_use_build_is_found_again(tmp_path, monkeypatch, caplog):
     import logging
-    from pathlib import Path
 
-    from xshare import ffi
+    from xshare.ffi import _loader
 
-    here = Path(ffi.__file__).resolve().parent
-    real_is_fresh = _build.is_fresh
-    monkeypatch.setattr(_build, "is_fresh", lambda p: Path(p).parent != here and real_is_fresh(p))
-    monkeypatch.setattr(ffi, "_cache_dir", lambda: tmp_path / "cache")
-    monkeypatch.setattr(ffi.os, "access", lambda path, mode: Path(path) != here)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    running = _build.jaxlib_version()
+    monkeypatch.setattr(_loader, "_complete", lambda d, j, c, real=_loader._complete:
+                        d != Path(_loader.__file__).resolve().parent and real(d, j, c))
     with caplog.at_level(logging.WARNING, logger="xshare.ffi"):
-        d = ffi._locate(want_cuda=False)
-    assert d == tmp_path / "cache"
-    assert real_is_fresh(d / _build.CPU_LIB)
+        d = _loader.locate(want_cuda=False, jaxlib=running)
+    assert d == tmp_path / "xshare" / f"ffi-{_build.source_hash()}-jaxlib{running}"
+    assert _build.is_fresh(d / _build.CPU_LIB, running)
     assert f"compiled the XLA FFI fences on first use into {d}" in caplog.text
-    assert ffi._locate(want_cuda=False) == d  # found, not rebuilt
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="xshare.ffi"):
+        assert _loader.locate(want_cuda=False, jaxlib=running) == d  # found, not rebuilt
+    assert caplog.text == ""
 
 
 def test_the_fence_library_is_available_after_install():

@@ -3,6 +3,12 @@
 Standalone on purpose (imports nothing from xshare): ``setup.py`` loads this file by path
 at install time, and ``xshare.ffi`` calls it on first use when no library was installed.
 
+Each library records what it was built from: the hash of the C++ sources and the version of
+the jaxlib whose XLA FFI headers it was compiled against (the FFI C API is versioned by
+jaxlib: 0.3 in jaxlib 0.10, 0.4 in 0.11.2, 0.5 in 0.12, and an older jaxlib rejects a handler
+built against newer headers). ``is_fresh(lib, jaxlib)`` checks both, so a library is rebuilt
+when either changed.
+
 Outputs, always side by side in one directory:
 
 * ``libxshare_fences.so``: CPU handlers, the rings, the lane table and the C ABI (ctypes).
@@ -16,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -31,7 +38,10 @@ __all__ = [
     "build_library",
     "find_compiler",
     "find_cuda",
+    "built_for",
+    "ffi_include_dir",
     "is_fresh",
+    "jaxlib_version",
     "source_hash",
 ]
 
@@ -52,9 +62,11 @@ NO_COMPILER = (
     "install one, e.g. apt-get install g++"
 )
 
-# Marker compiled into the CPU library; is_fresh() looks for it in the file's bytes
-# (without loading it: a dlopen'ed path cannot be reloaded after a rebuild).
+# Markers compiled into both libraries as NUL-terminated strings; is_fresh() looks for them
+# in the file's bytes (without loading it: a dlopen'ed path cannot be reloaded after a
+# rebuild).
 _HASH_MARKER = b"xshare-src-hash:"
+_JAXLIB_MARKER = b"xshare-jaxlib:"
 
 
 class BuildError(RuntimeError):
@@ -70,13 +82,39 @@ def source_hash() -> str:
     return h.hexdigest()[:16]
 
 
-def is_fresh(lib: Path) -> bool:
-    """True if ``lib`` exists and was built from the sources next to this file."""
+def jaxlib_version() -> str:
+    """The version of the importable jaxlib (the one whose headers a build here uses)."""
+    try:
+        import jaxlib.version
+
+        return str(jaxlib.version.__version__)
+    except Exception as e:  # pragma: no cover - jaxlib is a hard dependency
+        raise BuildError(f"cannot read the jaxlib version (is jaxlib installed?): {e}") from e
+
+
+def is_fresh(lib: Path, jaxlib: str | None = None) -> bool:
+    """True if ``lib`` exists, was built from the sources next to this file and, when
+    ``jaxlib`` is given, against the FFI headers of that jaxlib version."""
     try:
         data = Path(lib).read_bytes()
     except OSError:
         return False
-    return _HASH_MARKER + source_hash().encode() in data
+    if _HASH_MARKER + source_hash().encode() + b"\0" not in data:
+        return False
+    return jaxlib is None or _JAXLIB_MARKER + jaxlib.encode() + b"\0" in data
+
+
+def built_for(lib: Path) -> str | None:
+    """The jaxlib version ``lib`` was compiled against (None: unreadable or not recorded)."""
+    try:
+        data = Path(lib).read_bytes()
+    except OSError:
+        return None
+    at = data.find(_JAXLIB_MARKER)
+    if at < 0:
+        return None
+    end = data.find(b"\0", at)
+    return data[at + len(_JAXLIB_MARKER):end].decode(errors="replace") if end > 0 else None
 
 
 def find_compiler() -> list[str]:
@@ -179,17 +217,31 @@ def _compile(cmd_head: list[str], out: Path, what: str) -> None:
             os.unlink(tmp)
 
 
-def build_library(out_dir, *, cuda: bool | None = None) -> list[Path]:
+def build_library(out_dir, *, cuda: bool | None = None, include_dir=None,
+                  jaxlib: str | None = None) -> list[Path]:
     """Compile the fence libraries into ``out_dir``; return the paths built.
 
     ``cuda``: None builds the CUDA variant when CUDA headers and cudart are found (a failure
     is logged and skipped); True requires it (BuildError otherwise); False skips it.
+    ``include_dir`` / ``jaxlib``: the FFI headers to compile against and the jaxlib version
+    they belong to, recorded in the libraries (default: the importable jaxlib's). Give both
+    or neither: the recorded version is what decides, at load, whether to rebuild.
     """
+    if (include_dir is None) != (jaxlib is None):
+        raise ValueError("build_library: give both include_dir and jaxlib, or neither "
+                         f"(got include_dir={include_dir!r}, jaxlib={jaxlib!r})")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     cxx = find_compiler()
-    inc = ffi_include_dir()
+    if include_dir is None:
+        inc, jaxlib = ffi_include_dir(), jaxlib_version()
+    else:
+        inc = Path(include_dir)
+    if not re.fullmatch(r"[\w.+-]+", jaxlib):
+        raise ValueError(f"build_library: jaxlib version {jaxlib!r} is not a version string")
     marker = (_HASH_MARKER + source_hash().encode()).decode()
+    defines = [f"-DXSHARE_SRC_HASH=\"{marker}\"",
+               f"-DXSHARE_JAXLIB=\"{_JAXLIB_MARKER.decode()}{jaxlib}\""]
 
     installs = find_cuda() if cuda is not False else []
     if cuda and not installs:
@@ -201,8 +253,7 @@ def build_library(out_dir, *, cuda: bool | None = None) -> list[Path]:
 
     cpu_out = out_dir / CPU_LIB
     _compile(
-        [*cxx, *CXXFLAGS, f"-I{inc}", str(CPU_SRC),
-         f"-DXSHARE_SRC_HASH=\"{marker}\"", f"-Wl,-soname,{CPU_LIB}"],
+        [*cxx, *CXXFLAGS, f"-I{inc}", str(CPU_SRC), *defines, f"-Wl,-soname,{CPU_LIB}"],
         cpu_out,
         "the XLA FFI fences (fences.cc)",
     )
@@ -219,8 +270,8 @@ def build_library(out_dir, *, cuda: bool | None = None) -> list[Path]:
         cudart_flag = "-lcudart" if cudart == "libcudart.so" else f"-l:{cudart}"
         try:
             _compile(
-                [*cxx, *CXXFLAGS, f"-I{inc}", f"-I{cuda_inc}", str(CUDA_SRC),
-                 f"-DXSHARE_SRC_HASH=\"{marker}\"", f"-Wl,-soname,{CUDA_LIB}",
+                [*cxx, *CXXFLAGS, f"-I{inc}", f"-I{cuda_inc}", str(CUDA_SRC), *defines,
+                 f"-Wl,-soname,{CUDA_LIB}",
                  f"-L{out_dir}", f"-l:{CPU_LIB}", "-Wl,-rpath,$ORIGIN",
                  f"-L{cuda_lib}", cudart_flag, f"-Wl,-rpath,{cuda_lib}"],
                 out_dir / CUDA_LIB,

@@ -7,11 +7,19 @@
 // the fence is zero-copy. Ordering comes only from data dependencies: every op
 // of the step consumes a `begin` result, `end` consumes every step output.
 //
-// Each call appends one Record {seq, t_ns, job, lane, kind} to a ring buffer
-// chosen by the `ring_id` attribute. Rings are opened, drained and closed from
-// Python through the C ABI at the bottom of this file (loaded with ctypes).
-// The CUDA handlers (fences_cuda.cc, a separate library linked against this
-// one) record through `xshare_record`, so both share the same rings and clock.
+// Identity is data, not attributes: the last operand of both fences is `ident`,
+// an int32[..., 3] buffer of rows [ring_id, job_id, lane_id]. It is not aliased
+// and not returned. With no attributes the compiled program does not depend on
+// which job runs it, so N identical jobs share one executable and each passes
+// its own ident at every call (issue #13). A fused (vmapped) step passes one
+// row per member; rows equal to the previous row are recorded once (an
+// unbatched ident that vmap broadcast to every member is one job).
+//
+// Each call appends one Record {seq, t_ns, job, lane, kind} per ident row to
+// the ring `ring_id`. Rings are opened, drained and closed from Python through
+// the C ABI at the bottom of this file (loaded with ctypes). The CUDA handlers
+// (fences_cuda.cc, a separate library linked against this one) record through
+// `xshare_record_at`, so both share the same rings and clock.
 //
 // Errors are returned as ffi::Error, never thrown: XLA turns them into a
 // Python exception at execution time and the process keeps running.
@@ -22,6 +30,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <shared_mutex>
 #include <sstream>
 #include <string>
@@ -32,12 +41,19 @@
 
 namespace ffi = xla::ffi;
 
-// Bumped whenever the C ABI below changes; Python refuses a library whose
-// version differs (and rebuilds it).
-#define XSHARE_FFI_ABI_VERSION 1
+// Bumped whenever the C ABI below or the handlers' operands change; Python
+// refuses a library whose version differs (and rebuilds it).
+// 2: identity as an int32[..., 3] operand instead of three attributes.
+#define XSHARE_FFI_ABI_VERSION 2
 
 #ifndef XSHARE_SRC_HASH
 #define XSHARE_SRC_HASH "unknown"
+#endif
+// The jaxlib whose FFI headers this library was compiled against (set by
+// _build.py). A jaxlib with another FFI API may reject the handlers at
+// registration, so Python rebuilds for the running jaxlib when they differ.
+#ifndef XSHARE_JAXLIB
+#define XSHARE_JAXLIB "xshare-jaxlib:unknown"
 #endif
 
 namespace xshare {
@@ -196,45 +212,59 @@ const char* FenceName(int32_t kind) {
   return kind == 0 ? "xshare_fence_begin" : "xshare_fence_end";
 }
 
-// Checks everything a fence call needs; on success fills the buffer lists.
-// Shared by the CPU and the CUDA handlers (libxshare_fences_cuda.so links
-// against this library and calls it; both are always built together).
+// Checks the buffers of a fence call; on success fills the buffer lists and
+// the ident buffer. Shared by the CPU and the CUDA handlers
+// (libxshare_fences_cuda.so links against this library and calls it; both are
+// always built together). Does not read the ident's values: on CUDA they live
+// in device memory.
 ffi::Error ValidateFence(int32_t kind, const ffi::RemainingArgs& args,
-                         const ffi::RemainingRets& rets, int32_t ring_id,
-                         int32_t lane_id, std::vector<ffi::AnyBuffer>* ins,
-                         std::vector<ffi::Result<ffi::AnyBuffer>>* outs) {
+                         const ffi::RemainingRets& rets,
+                         std::vector<ffi::AnyBuffer>* ins,
+                         std::vector<ffi::Result<ffi::AnyBuffer>>* outs,
+                         std::optional<ffi::AnyBuffer>* ident) {
   const char* name = FenceName(kind);
-  // begin: identity over all its arguments. end: identity over its first
-  // rets.size() arguments; any further arguments are dependencies only (read by
-  // no one), so the fence runs after they are computed without being written in
-  // place, which would make XLA copy the step's new state out of the way.
-  const bool ok = kind == 0 ? args.size() == rets.size()
-                            : args.size() >= rets.size() && rets.size() > 0;
+  // Operands: the passed-through buffers (one per result), then for `end` any
+  // dependencies (read by no one: the fence runs after they are computed
+  // without being written in place, which would make XLA copy the step's new
+  // state out of the way), then the ident, always last.
+  const size_t n_args = args.size();
+  const bool ok = n_args >= 1 &&
+                  (kind == 0 ? n_args - 1 == rets.size()
+                             : n_args - 1 >= rets.size() && rets.size() > 0);
   if (!ok) {
     std::ostringstream os;
     os << name << ": "
-       << (kind == 0 ? "an identity fence needs as many results as arguments"
+       << (kind == 0 ? "an identity fence needs as many results as arguments "
+                       "before the ident"
                      : "an end fence needs at least one result and no more "
-                       "results than arguments")
-       << ", got " << args.size() << " arguments and " << rets.size()
-       << " results";
+                       "results than arguments before the ident")
+       << ", got " << n_args << " arguments (the last is the ident) and "
+       << rets.size() << " results";
     return ffi::Error::InvalidArgument(os.str());
   }
-  if (lane_id < -1) {
+  auto id = args.get<ffi::AnyBuffer>(n_args - 1);
+  if (id.has_error()) {
     std::ostringstream os;
-    os << name << ": lane_id must be >= 0, or -1 to use the lane set with "
-       << "set_lane(job_id, lane); got " << lane_id;
+    os << name << ": the ident (last argument) is not a buffer: "
+       << id.error().message();
     return ffi::Error::InvalidArgument(os.str());
   }
-  if (!RingExists(ring_id)) {
-    std::ostringstream os;
-    os << name << ": unknown ring_id " << ring_id
-       << " (never opened, or already closed)";
-    return ffi::Error::InvalidArgument(os.str());
+  {
+    const ffi::AnyBuffer& b = id.value();
+    auto dims = b.dimensions();
+    if (b.element_type() != ffi::S32 || dims.size() == 0 ||
+        dims[dims.size() - 1] != 3 || b.element_count() == 0) {
+      std::ostringstream os;
+      os << name << ": the ident (last argument) must be int32[..., 3] "
+         << "rows of [ring_id, job_id, lane_id] (build it with "
+         << "xshare.ffi.ident), got " << DescribeBuffer(b);
+      return ffi::Error::InvalidArgument(os.str());
+    }
+    ident->emplace(b);
   }
   ins->reserve(rets.size());
   outs->reserve(rets.size());
-  for (size_t i = rets.size(); i < args.size(); ++i) {  // dependencies only
+  for (size_t i = rets.size(); i + 1 < n_args; ++i) {  // dependencies only
     auto dep = args.get<ffi::AnyBuffer>(i);
     if (dep.has_error()) {
       std::ostringstream os;
@@ -277,18 +307,57 @@ ffi::Error ValidateFence(int32_t kind, const ffi::RemainingArgs& args,
   return ffi::Error::Success();
 }
 
+// Checks ident rows already in host memory: ring known, lane >= -1. Row-wise
+// so that a fused step names the member at fault.
+ffi::Error CheckIdentRows(int32_t kind, const int32_t* rows, size_t n_rows) {
+  for (size_t r = 0; r < n_rows; ++r) {
+    const int32_t ring_id = rows[3 * r], lane_id = rows[3 * r + 2];
+    if (lane_id < -1) {
+      std::ostringstream os;
+      os << FenceName(kind) << ": lane_id must be >= 0, or -1 to use the lane "
+         << "set with set_lane(job_id, lane); got " << lane_id << " (ident row "
+         << r << ")";
+      return ffi::Error::InvalidArgument(os.str());
+    }
+    if (!RingExists(ring_id)) {
+      std::ostringstream os;
+      os << FenceName(kind) << ": unknown ring_id " << ring_id
+         << " (never opened, or already closed; ident row " << r << ")";
+      return ffi::Error::InvalidArgument(os.str());
+    }
+  }
+  return ffi::Error::Success();
+}
+
+// Records one fence execution: one record per ident row, skipping a row equal
+// to the previous one. Returns the first ring that no longer exists, or 0.
+int32_t RecordRows(int32_t kind, const int32_t* rows, size_t n_rows,
+                   int64_t t_ns) {
+  for (size_t r = 0; r < n_rows; ++r) {
+    const int32_t* row = rows + 3 * r;
+    if (r > 0 && std::memcmp(row, row - 3, 3 * sizeof(int32_t)) == 0) continue;
+    if (!Record1(row[0], row[1], ResolveLane(row[1], row[2]), kind, t_ns))
+      return row[0] == 0 ? -1 : row[0];
+  }
+  return 0;
+}
+
 // CPU fence. With donation XLA aliases ret i to arg i and there is nothing to
 // copy; otherwise (not donated, or XLA chose not to alias) we copy, because
 // the result must hold the value either way.
 ffi::Error FenceCpu(int32_t kind, ffi::RemainingArgs args,
-                    ffi::RemainingRets rets, int32_t ring_id, int32_t job_id,
-                    int32_t lane_id) {
+                    ffi::RemainingRets rets) {
   // Timestamp first: for `begin` this is the moment every input is ready.
   const int64_t t_begin = NowNs();
   std::vector<ffi::AnyBuffer> ins;
   std::vector<ffi::Result<ffi::AnyBuffer>> outs;
-  ffi::Error err =
-      ValidateFence(kind, args, rets, ring_id, lane_id, &ins, &outs);
+  std::optional<ffi::AnyBuffer> ident;
+  ffi::Error err = ValidateFence(kind, args, rets, &ins, &outs, &ident);
+  if (err.failure()) return err;
+  // On CPU the ident is host memory: read it in place.
+  const int32_t* rows = static_cast<const int32_t*>(ident->untyped_data());
+  const size_t n_rows = ident->element_count() / 3;
+  err = CheckIdentRows(kind, rows, n_rows);
   if (err.failure()) return err;
   for (size_t i = 0; i < ins.size(); ++i) {
     void* src = ins[i].untyped_data();
@@ -297,23 +366,21 @@ ffi::Error FenceCpu(int32_t kind, ffi::RemainingArgs args,
     if (src != dst && n != 0) std::memcpy(dst, src, n);
   }
   const int64_t t = kind == 0 ? t_begin : NowNs();
-  if (!Record1(ring_id, job_id, ResolveLane(job_id, lane_id), kind, t)) {
+  if (int32_t gone = RecordRows(kind, rows, n_rows, t)) {
     std::ostringstream os;
-    os << FenceName(kind) << ": ring_id " << ring_id
+    os << FenceName(kind) << ": ring_id " << gone
        << " was closed while the fence ran";
     return ffi::Error::InvalidArgument(os.str());
   }
   return ffi::Error::Success();
 }
 
-ffi::Error FenceBeginCpu(ffi::RemainingArgs args, ffi::RemainingRets rets,
-                         int32_t ring_id, int32_t job_id, int32_t lane_id) {
-  return FenceCpu(0, args, rets, ring_id, job_id, lane_id);
+ffi::Error FenceBeginCpu(ffi::RemainingArgs args, ffi::RemainingRets rets) {
+  return FenceCpu(0, args, rets);
 }
 
-ffi::Error FenceEndCpu(ffi::RemainingArgs args, ffi::RemainingRets rets,
-                       int32_t ring_id, int32_t job_id, int32_t lane_id) {
-  return FenceCpu(1, args, rets, ring_id, job_id, lane_id);
+ffi::Error FenceEndCpu(ffi::RemainingArgs args, ffi::RemainingRets rets) {
+  return FenceCpu(1, args, rets);
 }
 
 }  // namespace xshare
@@ -321,23 +388,21 @@ ffi::Error FenceEndCpu(ffi::RemainingArgs args, ffi::RemainingRets rets,
 // Handler symbols, looked up by name from Python (ctypes) and wrapped with
 // jax.ffi.pycapsule. Exported with default visibility: do not build with
 // -fvisibility=hidden.
+// No attributes: nothing about the job is baked into the program.
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     XshareFenceBegin, xshare::FenceBeginCpu,
     ffi::Ffi::Bind()
-        .RemainingArgs()             // the step's inputs, any dtype/shape
-        .RemainingRets()             // the same buffers (aliased when donated)
-        .Attr<int32_t>("ring_id")    // ring to record into (open_ring)
-        .Attr<int32_t>("job_id")     // recorded as-is
-        .Attr<int32_t>("lane_id"));  // -1: lane from set_lane(job_id, lane)
+        .RemainingArgs()    // the step's inputs (any dtype/shape), then the
+                            // ident int32[..., 3]: [ring_id, job_id, lane_id]
+                            // rows (lane -1: from set_lane(job_id, lane))
+        .RemainingRets());  // the step's inputs again (aliased when donated)
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(
     XshareFenceEnd, xshare::FenceEndCpu,
     ffi::Ffi::Bind()
-        .RemainingArgs()             // passed-through leaves, then the step's other outputs
-        .RemainingRets()             // the passed-through leaves (aliased); the rest: deps only
-        .Attr<int32_t>("ring_id")
-        .Attr<int32_t>("job_id")
-        .Attr<int32_t>("lane_id"));
+        .RemainingArgs()    // passed-through leaves, then the step's other
+                            // outputs (dependencies only), then the ident
+        .RemainingRets());  // the passed-through leaves (aliased)
 
 // ---------------------------------------------------------------------------
 // C ABI for ctypes (and for the CUDA library's host callbacks).
@@ -350,6 +415,13 @@ int32_t xshare_abi_version() { return XSHARE_FFI_ABI_VERSION; }
 // Hash of the sources this library was built from (set by _build.py), so a
 // stale library next to edited sources is detected and rebuilt.
 const char* xshare_src_hash() { return XSHARE_SRC_HASH; }
+
+// The jaxlib version whose headers this library was compiled against, and
+// the XLA FFI API version of those headers (major * 1000 + minor).
+const char* xshare_built_for_jaxlib() { return XSHARE_JAXLIB; }
+int32_t xshare_ffi_api_version() {
+  return XLA_FFI_API_MAJOR * 1000 + XLA_FFI_API_MINOR;
+}
 
 int64_t xshare_now_ns() { return xshare::NowNs(); }
 
@@ -422,8 +494,18 @@ int32_t xshare_get_lane(int32_t job_id) {
   return xshare::ResolveLane(job_id, -1);
 }
 
-// Used by the CUDA library's stream callbacks: resolves the lane, stamps the
-// time now, records. 0 on success, -1 if the ring is unknown (closed).
+// Records one fence execution at time `t_ns` (the fences' clock): one record
+// per ident row (int32[3 * n_rows]), lanes resolved now. Used by the CUDA
+// library when it reads back a completed event. 0 on success, else the first
+// ring id that no longer exists (-1 for ring 0).
+int32_t xshare_record_rows(const int32_t* rows, int64_t n_rows, int32_t kind,
+                           int64_t t_ns) {
+  if (rows == nullptr || n_rows < 0) return -1;
+  return xshare::RecordRows(kind, rows, static_cast<size_t>(n_rows), t_ns);
+}
+
+// One record stamped now (tests, and callers with a host-side event).
+// 0 on success, -1 if the ring is unknown (closed).
 int32_t xshare_record(int32_t ring_id, int32_t job_id, int32_t lane_id,
                       int32_t kind) {
   const int64_t t = xshare::NowNs();
