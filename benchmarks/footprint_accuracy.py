@@ -1,6 +1,6 @@
 """Footprint accuracy: XLA's predicted footprint vs the memory a process really gains.
 
-For each model in the zoo (``models.mlp``; ``models.cnn`` and ``models.transformer`` when they
+For each model in the zoo (``xshare.models.mlp``; ``xshare.models.cnn`` and ``xshare.models.transformer`` when they
 exist), in a fresh subprocess per configuration (so nothing else lives in the heap):
 
 1. build the job and compile its step as the runtime does (``compile_step``: donated, fenced)

@@ -2,7 +2,7 @@
 
 * ``tiny``: a 16x16 matmul step (a few microseconds of compute): what is left is pure
   dispatch and switching overhead.
-* ``mlp``: ``models.mlp`` (Adam on a 2-hidden-layer MLP); width 256, batch 64 is about
+* ``mlp``: ``xshare.models.mlp`` (Adam on a 2-hidden-layer MLP); width 256, batch 64 is about
   0.2-0.5 ms per step on one CPU core.
 
 Batches are generated once on the host before timing starts, and a job's data callable just
@@ -50,7 +50,7 @@ def model_job(model: str, *, steps: int, seed: int = 0, name: str | None = None,
         return tiny_step.bind(tiny_state(seed), lambda k, host=host: host[k], steps=steps,
                               name=name or f"tiny-{seed}")
     if model == "mlp":
-        from models import mlp
+        from xshare.models import mlp
 
         spec = mlp.make_job(width=width, batch=batch, steps=steps, seed=seed)
         host = [spec.data(k) for k in range(steps)]

@@ -32,13 +32,13 @@ class TraceJob:
     name: str
     arrival_s: float          # seconds after the replay starts
     steps: int
-    width: int                # models.mlp hidden width
+    width: int                # xshare.models.mlp hidden width
     seed: int
     depth: int = 2
     batch: int = 64
 
     def spec(self, steps: int | None = None):
-        from models import mlp
+        from xshare.models import mlp
 
         return mlp.make_job(width=self.width, depth=self.depth, batch=self.batch,
                             steps=self.steps if steps is None else steps, seed=self.seed, name=self.name)

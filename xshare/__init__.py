@@ -1,31 +1,37 @@
 """xshare: many JAX jobs on one accelerator, with fast job switching and lane-partitioned memory.
 
 The public API; everything else lives in private modules and may change.
+
+``import xshare`` is free: it imports neither jax nor jaxlib and changes no environment
+variable. Each public name is imported from its module on first use (PEP 562), so
+``xshare.Runtime`` imports the runtime (and jax) the first time it is touched, and the device is
+touched when a ``Runtime`` is built (which also applies XLA's preallocation settings, before the
+backend starts). Read-only tools (``xshare --help``, ``xshare top``) never import jax.
 """
 
-from .memory.device import configure_preallocation as _configure_preallocation
+from __future__ import annotations
 
-# Must run before jax's backend starts: XLA reads the preallocation settings then.
-_configure_preallocation()
-
-from ._errors import AdmissionError as AdmissionError  # noqa: E402
-from ._errors import FootprintUnknown as FootprintUnknown  # noqa: E402
-from ._errors import JobCancelled as JobCancelled  # noqa: E402
-from ._errors import JobFailed as JobFailed  # noqa: E402
-from ._errors import SpecError as SpecError  # noqa: E402
-from ._errors import XShareError as XShareError  # noqa: E402
-from ._job import Job as Job  # noqa: E402
-from ._job import JobSpec as JobSpec  # noqa: E402
-from ._job import job as job  # noqa: E402
-from .memory.footprint import Footprint as Footprint  # noqa: E402
-from .runtime.records import Progress as Progress  # noqa: E402
-from .runtime.records import StepRecord as StepRecord  # noqa: E402
-from .runtime.runtime import JobHandle as JobHandle  # noqa: E402
-from .runtime.runtime import Runtime as Runtime  # noqa: E402
-from .runtime.runtime import run as run  # noqa: E402
-from .sched import POLICIES as POLICIES  # noqa: E402
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+# name -> the module that defines it (kept stable: these paths are part of the layout).
+_LAZY: dict[str, str] = {
+    # jobs (xshare._job imports jax)
+    "job": "xshare._job", "Job": "xshare._job", "JobSpec": "xshare._job",
+    # runtime
+    "Runtime": "xshare.runtime.runtime", "JobHandle": "xshare.runtime.runtime",
+    "run": "xshare.runtime.runtime",
+    "Progress": "xshare.runtime.records", "StepRecord": "xshare.runtime.records",
+    "POLICIES": "xshare.sched",
+    # memory
+    "Footprint": "xshare.memory.footprint",
+    # errors (pure Python)
+    "XShareError": "xshare._errors", "AdmissionError": "xshare._errors",
+    "FootprintUnknown": "xshare._errors", "JobFailed": "xshare._errors",
+    "JobCancelled": "xshare._errors", "SpecError": "xshare._errors",
+}
 
 __all__ = [
     # jobs
@@ -37,3 +43,35 @@ __all__ = [
     # errors
     "XShareError", "AdmissionError", "FootprintUnknown", "JobFailed", "JobCancelled", "SpecError",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'xshare' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups are plain attribute reads
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+if TYPE_CHECKING:  # what type checkers and IDEs see; never executed
+    from ._errors import AdmissionError as AdmissionError
+    from ._errors import FootprintUnknown as FootprintUnknown
+    from ._errors import JobCancelled as JobCancelled
+    from ._errors import JobFailed as JobFailed
+    from ._errors import SpecError as SpecError
+    from ._errors import XShareError as XShareError
+    from ._job import Job as Job
+    from ._job import JobSpec as JobSpec
+    from ._job import job as job
+    from .memory.footprint import Footprint as Footprint
+    from .runtime.records import Progress as Progress
+    from .runtime.records import StepRecord as StepRecord
+    from .runtime.runtime import JobHandle as JobHandle
+    from .runtime.runtime import Runtime as Runtime
+    from .runtime.runtime import run as run
+    from .sched import POLICIES as POLICIES

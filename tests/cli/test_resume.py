@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from models import mlp
+from xshare.models import mlp
 from xshare.runtime import checkpoint
 from tests.helpers import assert_trees_equal, plain_loop
 
@@ -24,7 +24,7 @@ policy = "pack"
 memory = "512MiB"
 
 [[job]]
-entry = "models.mlp:make_job"
+entry = "xshare.models.mlp:make_job"
 steps = {steps}
 params = {{ width = [16, 32], batch = 16, lr = 0.003 }}
 """

@@ -263,7 +263,7 @@ SPEC_ERRORS = [
     pytest.param('[[job]]\nentry = "{fac}:NOT_CALLABLE"\n',
                  ["{fac}:NOT_CALLABLE is not a function (it is a int value)"], id="not-callable"),
     pytest.param('[[job]]\nentry = "{fac}.make"\n',
-                 ["entry '{fac}.make' must be 'module:function' (e.g. 'models.mlp:make_job')"], id="entry-format"),
+                 ["entry '{fac}.make' must be 'module:function' (e.g. 'xshare.models.mlp:make_job')"], id="entry-format"),
     pytest.param('[[job]]\nsteps = 5\n',
                  ["spec.toml: [[job]] #1: missing required key 'entry'; add entry = \"module:function\""], id="no-entry"),
     pytest.param('[[job]]\nentry = "{fac}:make"\n[[job]]\nentry = "{fac}:make"\nstep = 5\n',
@@ -389,7 +389,7 @@ def test_dry_run_of_the_example_sweep(capsys, monkeypatch):
     assert main(["launch", "examples/sweep.toml", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "examples/sweep.toml: 4 job(s), policy pack, memory 2GiB, quantum 1" in out
-    assert out.count("models.mlp:make_job") == 4
+    assert out.count("xshare.models.mlp:make_job") == 4
 
 
 def test_dry_run_of_an_entry_point_with_sets(fac, capsys):

@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pytest
 
-from models import cnn
+from xshare.models import cnn
 from tests.helpers import assert_trees_equal, plain_loop
 from tests.models import learner_and_control, losses, relative_drop
 

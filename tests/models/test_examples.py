@@ -14,15 +14,16 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 def test_zoo_plans_two_mlps_a_cnn_and_a_transformer():
     plan = specs.plan_file(EXAMPLES / "zoo.toml")
-    assert [j.entry for j in plan.jobs] == ["models.mlp:make_job"] * 2 + ["models.cnn:make_job",
-                                                                         "models.transformer:make_job"]
+    assert [j.entry for j in plan.jobs] == ["xshare.models.mlp:make_job"] * 2 + [
+        "xshare.models.cnn:make_job", "xshare.models.transformer:make_job"]
     built = specs.build_all(plan)
     assert [s.meta["model"] for s in built] == ["mlp", "mlp", "cnn", "transformer"]
 
 
 def test_train_infer_plans_two_training_jobs_then_the_inference_job():
     plan = specs.plan_file(EXAMPLES / "train_infer.toml")
-    assert [j.entry.split(":")[0] for j in plan.jobs] == ["models.cnn", "models.transformer", "models.inference"]
+    assert [j.entry.split(":")[0] for j in plan.jobs] == [
+        "xshare.models.cnn", "xshare.models.transformer", "xshare.models.inference"]
     built = specs.build_all(plan)
     assert built[-1].observer is not None
 
@@ -34,8 +35,30 @@ def test_example_launches_end_to_end(example, tmp_path):
 
 
 def test_every_zoo_entry_resolves_to_a_factory():
-    import models
+    import xshare.models as models
 
     assert set(models.ZOO) == {"mlp", "cnn", "transformer", "inference"}
     for entry in models.ZOO.values():
         assert callable(specs.resolve_entry(entry, entry))
+
+
+def test_the_old_models_spelling_works_from_a_checkout_without_a_warning(monkeypatch, recwarn):
+    monkeypatch.chdir(EXAMPLES.parent)  # the repository root: its models/ folder is importable
+    monkeypatch.syspath_prepend(str(EXAMPLES.parent))
+    plan = specs.plan_entry("models.mlp:make_job", specs.Overrides(sets={"lr": [1e-3, 3e-3]}))
+    assert len(plan.jobs) == 2
+    assert not [w for w in recwarn if issubclass(w.category, DeprecationWarning)]
+
+
+def test_the_old_models_spelling_resolves_to_the_installed_copy_with_a_warning(tmp_path):
+    # Outside the checkout no top-level `models` exists: the entry maps to xshare.models.
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([sys.executable, "-m", "xshare", "launch", "models.mlp:make_job", "--dry-run"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "resolves to the installed 'xshare.models.mlp': write 'xshare.models.mlp'" in proc.stderr
+    assert "models.mlp:make_job" in proc.stdout

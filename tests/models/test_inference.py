@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import xshare
-from models import inference
+from xshare.models import inference
 from tests.helpers import assert_trees_equal
 
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import socket
 import stat
 import subprocess
 import sys
 import time
+from typing import Any
 from urllib.parse import quote
 
 import pytest
@@ -71,58 +71,58 @@ def test_status_follows_the_schema_and_names_every_job(runtime_dir):
         assert {j["priority"] for j in s["jobs"]} == {0, 1, 2}
 
 
-def test_the_validator_rejects_what_the_schema_forbids():
-    # The tests lean on status.validate; make sure it is not a yes-man.
-    good = {"schema": "xshare.status/v1"}
-    schema = {"type": "object", "required": ["schema", "n"], "additionalProperties": False,
-              "properties": {"schema": {"const": "xshare.status/v1"},
-                             "n": {"type": ["integer", "null"], "minimum": 0}}}
-    assert status_mod.validate({**good, "n": None}, schema) == []
-    assert status_mod.validate({**good, "n": 3}, schema) == []
-    assert status_mod.validate(good, schema) == ["$: missing required field 'n'"]
-    assert status_mod.validate({**good, "n": -1}, schema) == ["$.n: -1 < minimum 0"]
-    assert status_mod.validate({**good, "n": 1.5}, schema) == ["$.n: 1.5 is not of type integer | null"]
-    assert status_mod.validate({**good, "n": True}, schema) == ["$.n: True is not of type integer | null"]
-    assert status_mod.validate({**good, "n": 1, "x": 1}, schema) == ["$: unexpected field 'x'"]
-    assert status_mod.validate({"schema": "v2", "n": 1}, schema) == ["$.schema: 'v2' != 'xshare.status/v1'"]
-    with pytest.raises(ValueError, match="does not support schema keyword"):
-        status_mod.validate(1, {"pattern": "x"})
+def test_the_schema_rejects_what_it_forbids():
+    # The tests lean on the schema; make sure it is not a yes-man (jsonschema does the checking).
+    doc = _document()
+    assert status_mod.validate(doc) == []
+    assert status_mod.validate({**doc, "extra": 1}) == [
+        "$: Additional properties are not allowed ('extra' was unexpected)"]
+    bad_job = {**doc["jobs"][0], "lane": -1}
+    assert status_mod.validate({**doc, "jobs": [bad_job]}) == ["$.jobs[0].lane: -1 is less than the minimum of 0"]
+    no_steps = {k: v for k, v in doc["jobs"][0].items() if k != "steps_done"}
+    assert status_mod.validate({**doc, "jobs": [no_steps]}) == ["$.jobs[0]: 'steps_done' is a required property"]
+    assert status_mod.validate({**doc, "schema": "xshare.status/v2"}) == [
+        "$.schema: 'xshare.status/v1' was expected"]
+    hist = {"bounds_s": [0.001, 0.01], "counts": [3, 1, 0], "sum_s": 0.02, "count": 4}
+    assert status_mod.validate({**doc, "jobs": [{**doc["jobs"][0], "step_time_histogram": hist}]}) == []
+
+
+def _document(**job: Any) -> dict[str, Any]:
+    """A complete status document with one job (every field the schema requires)."""
+    return {
+        "schema": "xshare.status/v1", "time_unix_s": 1e9,
+        "runtime": {"pid": 1, "version": "0", "policy": "fifo", "started_unix_s": 1e9, "uptime_s": 1.5,
+                    "fences": True, "quantum": 1, "closed": False},
+        "device": {"platform": "cpu", "kind": "cpu", "id": 0, "name": None, "utilization_percent": None,
+                   "memory_used_bytes": None, "memory_total_bytes": None},
+        "arena": {**{k: 0 for k in ("capacity_bytes", "committed_bytes", "free_bytes", "largest_gap_bytes",
+                                    "peak_in_flight_bytes", "queued_jobs")}, "capacity_source": "memory=", "queue": []},
+        "lanes": [],
+        "jobs": [{"name": "a", "id": 0, "status": "running", "paused": False, "lane": 0, "priority": 0,
+                  "steps_done": 2, "steps_total": None, "steps_per_s": None, "step_time_p50_s": None,
+                  "step_time_p95_s": None, "arrival_s": 0.0, "started_s": None, "ended_s": None,
+                  "queue_wait_s": None, "device_time_s": 0.5, "device_time_share": 1.0,
+                  "persistent_bytes": 4, "staging_bytes": 0, "ephemeral_bytes": 8, "metrics": None,
+                  "error": None, **job}],
+    }
 
 
 # ---------------------------------------------------------------------------------- /metrics
 
-_SAMPLE = re.compile(
-    r'^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)'
-    r'(?:\{(?P<labels>[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\.)*"(?:,[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\.)*")*)?\})?'
-    r' (?P<value>[-+]?(?:[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?|NaN|Inf))$')
-_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\\n]|\\.)*)"')
+def parse_prometheus(text: str) -> dict[str, Any]:
+    """Families by name, read by prometheus_client's own parser (strict: raises on bad text)."""
+    from prometheus_client.parser import text_string_to_metric_families
 
-
-def parse_prometheus(text: str) -> dict[str, dict]:
-    """A strict reader of the text format: every line is HELP, TYPE or a sample of a family
-    whose TYPE came first. Returns {name: {"type", "help", "samples": [(labels, value)]}}."""
     assert text.endswith("\n")
-    families: dict[str, dict] = {}
-    current = None
-    for line in text.splitlines():
-        if line.startswith("# HELP "):
-            name, _, help_ = line[7:].partition(" ")
-            assert name not in families, f"family {name} twice"
-            families[name] = current = {"help": help_, "type": None, "samples": []}
-            current["name"] = name
-        elif line.startswith("# TYPE "):
-            name, _, kind = line[7:].partition(" ")
-            assert current is not None and current["name"] == name, line
-            assert kind in ("counter", "gauge", "summary", "histogram", "untyped"), line
-            current["type"] = kind
-        else:
-            m = _SAMPLE.match(line)
-            assert m, f"not a Prometheus sample line: {line!r}"
-            assert current is not None and m["name"] == current["name"], f"{line!r} outside its family"
-            labels = {k: v.replace('\\"', '"').replace("\\n", "\n").replace("\\\\", "\\")
-                      for k, v in _LABEL.findall(m["labels"] or "")}
-            current["samples"].append((labels, float(m["value"])))
+    families = {}
+    for fam in text_string_to_metric_families(text):
+        assert fam.name not in families, f"family {fam.name} twice"
+        families[fam.name] = fam
     return families
+
+
+def samples(fam: Any, suffix: str = "") -> dict[tuple, float]:
+    return {tuple(sorted(s.labels.items())): s.value for s in fam.samples if s.name == fam.name + suffix}
 
 
 def test_metrics_is_prometheus_text_with_the_expected_names(runtime_dir):
@@ -130,55 +130,50 @@ def test_metrics_is_prometheus_text_with_the_expected_names(runtime_dir):
         wait_for(lambda: all(j["steps_done"] >= 3 for j in get_status(rt)["jobs"]), what="3 steps each")
         code, headers, body = request(rt.status_server.address, "GET", "/metrics")
         assert code == 200
-        assert headers["content-type"].startswith("text/plain; version=0.0.4")
+        assert headers["content-type"].startswith("text/plain; version=")
         text = body.decode()
     families = parse_prometheus(text)
     for name, fam in families.items():
         assert name.startswith("xshare_"), name
-        assert (fam["type"] == "counter") == name.endswith("_total"), name
-        assert fam["help"], name
+        assert fam.documentation, name
+    assert "# TYPE xshare_job_steps_total counter" in text  # counters end in _total on the wire
     expected = {"xshare_arena_capacity_bytes": "gauge", "xshare_arena_committed_bytes": "gauge",
                 "xshare_arena_free_bytes": "gauge", "xshare_lane_in_use_bytes": "gauge",
-                "xshare_job_steps_total": "counter", "xshare_job_device_seconds_total": "counter",
-                "xshare_job_step_seconds": "gauge", "xshare_job_steps_per_second": "gauge",
-                "xshare_job_metric": "gauge", "xshare_device_utilization_ratio": "gauge"}
+                "xshare_job_steps": "counter", "xshare_job_device_seconds": "counter",
+                "xshare_job_step_seconds": "summary", "xshare_job_steps_per_second": "gauge",
+                "xshare_job_metric": "gauge", "xshare_runtime": "info"}
     for name, kind in expected.items():
-        assert families[name]["type"] == kind, name
-    assert families["xshare_arena_capacity_bytes"]["samples"] == [({}, 64.0 * 2**20)]
-    steps = {labels["job"]: v for labels, v in families["xshare_job_steps_total"]["samples"]}
+        assert families[name].type == kind, name
+    assert samples(families["xshare_arena_capacity_bytes"]) == {(): 64.0 * 2**20}
+    steps = {dict(k)["job_name"]: v for k, v in samples(families["xshare_job_steps"], "_total").items()}
     assert set(steps) == set(NAMES) and all(v >= 3 for v in steps.values())  # ODD survives escaping
-    assert families["xshare_device_utilization_ratio"]["samples"] == []  # unknown without NVML: absent
-    quantiles = {(lb["job"], lb["quantile"]) for lb, _ in families["xshare_job_step_seconds"]["samples"]}
+    assert "xshare_device_utilization_ratio" not in families  # unknown without NVML: absent
+    quantiles = {(s.labels["job_name"], s.labels["quantile"]) for s in families["xshare_job_step_seconds"].samples}
     assert quantiles == {(n, q) for n in NAMES for q in ("0.5", "0.95")}
-    try:  # the reference parser too, where it is installed (it is not a dependency)
-        from prometheus_client.parser import text_string_to_metric_families
-    except ImportError:
-        return
-    parsed = {f.name: f for f in text_string_to_metric_families(text)}
-    assert parsed["xshare_job_steps"].type == "counter"
-    assert {s.labels["job"] for s in parsed["xshare_job_steps"].samples} == set(NAMES)
 
 
 def test_prometheus_escapes_labels_and_omits_unknown_values():
-    snap = {
-        "runtime": {"pid": 1, "version": "0", "policy": "fifo", "uptime_s": 1.5},
-        "device": {"platform": "cpu", "kind": "cpu", "id": 0, "name": None, "utilization_percent": None,
-                   "memory_used_bytes": None, "memory_total_bytes": None},
-        "arena": {k: 0 for k in ("capacity_bytes", "committed_bytes", "free_bytes", "largest_gap_bytes",
-                                 "peak_in_flight_bytes", "queued_jobs")},
-        "lanes": [],
-        "jobs": [{"name": 'a"b\\c\nd', "id": 0, "status": "running", "priority": 0, "steps_done": 2,
-                  "device_time_s": 0.5, "device_time_share": 1.0, "steps_per_s": None,
-                  "step_time_p50_s": None, "step_time_p95_s": None, "queue_wait_s": None,
-                  "persistent_bytes": 4, "staging_bytes": 0, "ephemeral_bytes": 8,
-                  "metrics": {"loss": float("nan"), "acc": None}}],
-    }
-    text = status_mod.prometheus(snap)
-    assert 'xshare_job_steps_total{job="a\\"b\\\\c\\nd"} 2\n' in text
-    assert 'xshare_job_metric{job="a\\"b\\\\c\\nd",metric="loss"} NaN\n' in text
+    from xshare.runtime.metrics import exposition
+
+    doc = _document(name='a"b\\c\nd', metrics={"loss": float("nan"), "acc": None})
+    text = exposition(doc).decode()
+    assert 'xshare_job_steps_total{job_name="a\\"b\\\\c\\nd"} 2.0\n' in text
+    assert 'xshare_job_metric{job_name="a\\"b\\\\c\\nd",metric="loss"} NaN\n' in text
     assert 'metric="acc"' not in text and "xshare_job_steps_per_second{" not in text
     families = parse_prometheus(text)
-    assert families["xshare_job_steps_total"]["samples"] == [({"job": 'a"b\\c\nd'}, 2.0)]
+    assert samples(families["xshare_job_steps"], "_total") == {(("job_name", 'a"b\\c\nd'),): 2.0}
+
+
+def test_step_times_are_a_histogram_when_the_document_has_buckets():
+    from xshare.runtime.metrics import exposition
+
+    hist = {"bounds_s": [0.001, 0.01], "counts": [3, 1, 2], "sum_s": 0.5, "count": 6}
+    fam = parse_prometheus(exposition(_document(step_time_histogram=hist)).decode())["xshare_job_step_seconds"]
+    assert fam.type == "histogram"
+    buckets = {s.labels["le"]: s.value for s in fam.samples if s.name.endswith("_bucket")}
+    assert buckets == {"0.001": 3.0, "0.01": 4.0, "+Inf": 6.0}  # cumulative
+    assert samples(fam, "_count") == {(("job_name", "a"),): 6.0}
+    assert samples(fam, "_sum") == {(("job_name", "a"),): 0.5}
 
 
 # ---------------------------------------------------------------------------------- control

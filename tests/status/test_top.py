@@ -86,7 +86,7 @@ def test_no_runtime_is_a_clear_error(runtime_dir, capsys):
     assert main(["top", "--once"]) == 1
     assert "no running xshare runtime found in" in capsys.readouterr().err
     assert main(["top", "--json", "--address", "127.0.0.1:1"]) == 1
-    assert "no xshare runtime answers at 127.0.0.1:1" in capsys.readouterr().err
+    assert "no runtime at 127.0.0.1:1" in capsys.readouterr().err
 
 
 def test_key_parsing():

@@ -26,7 +26,7 @@ def add_launch(subparsers: argparse._SubParsersAction) -> None:
         epilog=(
             "examples:\n"
             "  xshare launch examples/sweep.toml --dry-run\n"
-            "  xshare launch models.mlp:make_job --set lr=1e-3,3e-4 --set width=128,256 --replicas 2"
+            "  xshare launch xshare.models.mlp:make_job --set lr=1e-3,3e-4 --set width=128,256 --replicas 2"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

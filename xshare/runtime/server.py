@@ -1,4 +1,4 @@
-"""The runtime's HTTP status server and its discovery file.
+"""The runtime's HTTP status server (its discovery file: :mod:`.discovery`).
 
 Endpoints (JSON unless noted; every error is ``{"error": "..."}`` with a 4xx/5xx code):
 
@@ -16,6 +16,12 @@ Reading is open to anyone who can reach the socket, which by default is only thi
 One ``ThreadingHTTPServer`` on a daemon thread, one short-lived thread per request: a slow or
 broken client costs one thread for at most ``_Handler.timeout`` seconds and never touches the
 lane workers, which only share the runtime's lock with us for the few dict reads of a snapshot.
+
+Why the standard library's server and not a web framework: five fixed routes on loopback, no
+async, no templates; ``http.server`` adds no dependency and no event loop to a process whose
+threads belong to the lanes. (``prometheus_client.start_http_server`` serves only ``/metrics``:
+it has no authenticated control routes.) ``/status`` and ``/metrics`` both render the document
+of the public ``Runtime.snapshot()``; ``/metrics`` through ``prometheus_client`` (:mod:`.metrics`).
 """
 
 from __future__ import annotations
@@ -36,89 +42,15 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from .._errors import XShareError
-from . import status
+from .discovery import discover as discover
+from .discovery import discovery_dir as discovery_dir
+from .discovery import loopback, write_private
+from .discovery import pid_alive as pid_alive
 
 log = logging.getLogger("xshare.server")
 
 MAX_BODY_BYTES = 64 * 1024
 ACTIONS = ("pause", "resume", "cancel", "priority")
-
-
-# ------------------------------------------------------------------------------------ discovery
-
-def discovery_dir() -> Path:
-    """Where runtimes announce themselves: ``$XSHARE_RUNTIME_DIR``, else
-    ``$XDG_RUNTIME_DIR/xshare`` (per-user, in memory, cleared at logout), else
-    ``~/.cache/xshare/runtimes``."""
-    override = os.environ.get("XSHARE_RUNTIME_DIR")
-    if override:
-        return Path(override)
-    xdg = os.environ.get("XDG_RUNTIME_DIR")
-    if xdg and os.path.isdir(xdg):
-        return Path(xdg) / "xshare"
-    return Path.home() / ".cache" / "xshare" / "runtimes"
-
-
-def _loopback(host: str) -> bool:
-    import ipaddress
-
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # it exists, it is just not ours
-        return True
-    except (OSError, OverflowError, ValueError):
-        return False
-    return True
-
-
-def discover(directory: Path | None = None) -> list[dict[str, Any]]:
-    """Discovery records of the runtimes whose process is alive, oldest first. Unreadable or
-    malformed files and those of dead processes (a runtime that was killed) are skipped."""
-    directory = discovery_dir() if directory is None else directory
-    found = []
-    try:
-        paths = sorted(directory.glob("*.json"))
-    except OSError:
-        return []
-    for path in paths:
-        try:
-            rec = json.loads(path.read_text())
-            pid, address = int(rec["pid"]), str(rec["address"])
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        if pid_alive(pid):
-            found.append({**rec, "pid": pid, "address": address, "path": str(path)})
-    found.sort(key=lambda r: (r.get("started") or 0, r["path"]))
-    return found
-
-
-def _write_private(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` readable by this user only, atomically (no one ever sees a
-    half-written file, nor the token in a file with looser permissions for a moment)."""
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o600)  # in case the umask or the filesystem widened it
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 # ---------------------------------------------------------------------------------------- server
@@ -185,7 +117,7 @@ class StatusServer:
             log.warning("status server on %s: could not write its discovery file: %s", self.address, err)
         else:
             atexit.register(self._unannounce)  # a runtime that is never closed leaves no file
-        if not _loopback(self.host):
+        if not loopback(self.host):
             log.warning("status server listens on %s, not loopback: anyone who can reach it may read "
                         "/status and /metrics (changing jobs still needs the token)", self.address)
         log.info("status server on http://%s (GET /status, /metrics)", self.address)
@@ -208,7 +140,7 @@ class StatusServer:
         path = directory / f"{os.getpid()}-{self.port}.json"
         record = {"pid": os.getpid(), "address": self.address, "token": self.token,
                   "started": self.started}
-        _write_private(path, json.dumps(record) + "\n")
+        write_private(path, json.dumps(record) + "\n")
         self.discovery_path = path
 
     def _unannounce(self) -> None:
@@ -223,6 +155,16 @@ class StatusServer:
 
     def __repr__(self) -> str:  # no token here: reprs end up in logs
         return f"StatusServer({self.address}, running={self._httpd is not None})"
+
+
+def _snapshot(rt: Any) -> dict[str, Any]:
+    """The runtime's status document, from its public ``snapshot()``."""
+    method = getattr(rt, "snapshot", None)
+    if method is None:  # until Runtime.snapshot() lands: the same document, built from outside
+        from . import status
+
+        return status.snapshot(rt)
+    return method()
 
 
 class _Reply(Exception):
@@ -301,11 +243,13 @@ class _Handler(BaseHTTPRequestHandler):
 
     # -------------------------------------------------------------- reads
     def _get_status(self, method: str) -> None:
-        self._send_json(200, status.snapshot(self.server.runtime), head=method == "HEAD")
+        self._send_json(200, _snapshot(self.server.runtime), head=method == "HEAD")
 
     def _get_metrics(self, method: str) -> None:
-        body = status.prometheus(status.snapshot(self.server.runtime)).encode()
-        self._send(200, body, status.PROMETHEUS_CONTENT_TYPE, head=method == "HEAD")
+        from . import metrics  # prometheus_client: loaded on the first scrape, not with the runtime
+
+        body = metrics.exposition(_snapshot(self.server.runtime))
+        self._send(200, body, metrics.CONTENT_TYPE, head=method == "HEAD")
 
     # -------------------------------------------------------------- control
     def _control(self, name: str, action: str) -> None:
