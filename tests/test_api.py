@@ -114,9 +114,11 @@ def test_a_job_that_can_never_fit_raises_admission_error_with_the_numbers():
                             lambda k: {"x": np.zeros((16, 1024), np.float32), "y": np.zeros((16, 1), np.float32)},
                             steps=2, name="huge")
     with xshare.Runtime(memory="1MiB") as rt:
+        h = rt.submit(spec)  # returns at once: the footprint is known once it is compiled
+        rt.wait()
+        assert h.status() == "failed" and rt.arena.queue == () and rt.arena.lanes() == ()
         with pytest.raises(xshare.AdmissionError, match=r"job 'huge' needs .* but the arena holds 1\.0 MiB"):
-            rt.submit(spec)
-        assert rt.jobs == []
+            h.result()
 
 
 def test_a_job_with_no_state_and_no_metrics_still_runs():

@@ -8,14 +8,14 @@ import time
 import jax
 
 import xshare
+from xshare.runtime.states import JobState
 from xshare.runtime.compiler import compile_step
 from tests.helpers import assert_trees_equal, heavy_data, heavy_state, heavy_step, plain_loop
 
 
 def _footprint(spec):
     first = spec.data(0)
-    return compile_step(spec.fn, spec.state, first, device=jax.devices()[0], name=spec.name,
-                        job_id=0, ring_id=None, prefetch=2).footprint
+    return compile_step(spec.job, spec.state, first, device=jax.devices()[0], prefetch=2).footprint
 
 
 def test_offloading_a_paused_job_admits_a_queued_one_and_results_are_unchanged():
@@ -32,12 +32,14 @@ def test_offloading_a_paused_job_admits_a_queued_one_and_results_are_unchanged()
             time.sleep(0.002)
         ha.pause()
         hc = rt.submit(c)
+        while hc.status() == "compiling":  # submit returns at once; c is compiled off-thread
+            time.sleep(0.002)
         assert hc.status() == "queued"
-        assert not rt._jobs[ha.id].swapped
+        assert ha.state is JobState.PAUSED
         ha.pause(offload=True)
         hc.wait(timeout=60)
         assert hc.status() == "done"
-        assert ha.status() == "paused" and rt._jobs[ha.id].swapped
+        assert ha.status() == "paused" and ha.state is JobState.SWAPPED
         paused_at = ha.progress().steps_done
         ha.resume()
         ha.wait(timeout=60)

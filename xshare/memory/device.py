@@ -36,11 +36,26 @@ def configure_preallocation() -> None:
 
 
 def _backend_started(jax) -> bool:
+    """Whether jax's backends have started (XLA then ignores the preallocation variables).
+
+    jax has no public way to ask this without starting them (``jax.devices()`` and
+    ``jax.extend.backend.backends()`` both start them; checked on jax 0.10 to 0.12), so it is
+    feature-detected: ``xla_bridge.backends_are_initialized()`` (a function, present from
+    jax 0.4 to 0.12), else the ``_backends`` dict it reads. If neither exists (jax moved
+    them), assume started: the cost is one needless log line, never a wrong setting.
+    """
     try:
         from jax._src import xla_bridge
-        return bool(getattr(xla_bridge, "_backends", {}))
-    except Exception:  # private API moved: assume the worst, which only costs a log line
+    except Exception:
         return True
+    probe = getattr(xla_bridge, "backends_are_initialized", None)
+    if callable(probe):
+        try:
+            return bool(probe())
+        except Exception:
+            return True
+    backends = getattr(xla_bridge, "_backends", None)
+    return True if backends is None else bool(backends)
 
 
 def physical_ram() -> int:

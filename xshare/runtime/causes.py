@@ -12,8 +12,8 @@ from .records import JobRecord
 
 def dispatch_error(job: JobRecord, step: int, batch: Any, err: Exception) -> str:
     """Say what went wrong at dispatch; ``batch`` is the flat leaves the prefetcher made."""
-    want = jax.tree.map(lambda s: f"{s.dtype}{list(s.shape)}", job.compiled.batch_struct)
-    got = jax.tree.unflatten(job.compiled.batch_def, [
+    want = jax.tree.map(lambda s: f"{s.dtype}{list(s.shape)}", job.program.batch_struct)
+    got = jax.tree.unflatten(job.program.batch_def, [
         f"{getattr(x, 'dtype', type(x).__name__)}{list(np.shape(x))}" for x in batch])
     if want != got:
         return f"batch {step} does not match the compiled step: expected {want}, got {got}"

@@ -1,13 +1,30 @@
-"""Ahead-of-time compilation of a job's step: donated state and batch, FFI fences, footprint.
+"""Compile once per program: ahead-of-time, donated, fenced executables shared by every job
+whose step is the same program.
 
-Compiling before admission is what lets the runtime place a job from XLA's exact figures
-instead of a profile run: ``memory_analysis()`` of the donated executable is the footprint.
+A *program key* is a fingerprint of what determines the code, never of who calls it: the
+unfenced StableHLO of the step over flat leaves, the avals and placement of its state and batch,
+donation, device and whether it is fenced. Fence identity (ring, job, lane) is a run-time
+operand (``ffi.fenced``), so the fenced executable is the same for every job of a sweep: N
+identical jobs cost one XLA compile. (JAX's jit cache cannot do this for us: each job is
+lowered separately, and the persistent compilation cache only helps across processes.)
+
+Two levels, because lowering costs tens of milliseconds:
+  * the *trace memo*: (the ``Job`` object, avals, device, fenced) -> program, the same rule
+    ``jax.jit`` uses (a function object and avals determine its trace), so N specs bound from
+    one ``@xshare.job`` step skip tracing altogether;
+  * the *program cache*: program key -> compiled program, which catches jobs made by separate
+    factory calls (a new closure per job) that still lower to the same program.
+Both are process-wide: a second Runtime in the process reuses what the first compiled.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import math
+import threading
 import warnings
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -25,16 +42,18 @@ ASSUMED_FLOPS_PER_S = 2e10
 
 @dataclass(frozen=True)
 class CompiledStep:
-    executable: Any                 # jax.stages.Compiled: (state leaves, batch leaves) ->
-                                    #   (new state leaves, packed metrics vector)
-    footprint: Footprint
+    """One compiled program, shared by every job whose step lowers to it."""
+
+    executable: Any                 # (state leaves, batch leaves[, ident]) -> (new state leaves, metrics vector)
+    footprint: Footprint            # staging = 0: each runtime adds its own prefetch depth
     metric_names: tuple[str, ...]   # the packed metrics vector's entries, in order
     flops: float | None             # per step, from cost_analysis(); None when unknown
-    state_struct: Any               # pytree of ShapeDtypeStruct of the state and the batch
+    state_struct: Any               # pytrees of ShapeDtypeStruct of the state and the batch
     batch_struct: Any
     fenced: bool
     state_def: Any                  # treedefs to rebuild the user's pytrees from flat leaves
     batch_def: Any
+    key: str                        # the program key (hex)
 
     def step_time_estimate_s(self, flops_per_s: float | None = None) -> float:
         """Seconds per step from ``cost_analysis()`` FLOPs at ``flops_per_s`` (the rate the
@@ -42,6 +61,10 @@ class CompiledStep:
         if self.flops and self.flops > 0:
             return max(self.flops / (flops_per_s or ASSUMED_FLOPS_PER_S), 1e-6)
         return 1e-3
+
+    def with_staging(self, prefetch: int) -> Footprint:
+        """The footprint a runtime charges: the program's plus ``prefetch`` staged batches."""
+        return dataclasses.replace(self.footprint, staging=prefetch * tree_nbytes(self.batch_struct))
 
 
 def tree_nbytes(tree: Any) -> int:
@@ -59,33 +82,108 @@ def abstract(tree: Any, device: Any) -> Any:
     return jax.tree.map(one, tree)
 
 
-def compile_step(fn: Callable, state: Any, batch: Any, *, device: Any, name: str, job_id: int,
-                 ring_id: int | None, prefetch: int) -> CompiledStep:
-    """Lower and compile ``fn(state, batch)`` with both arguments donated.
-
-    The batch is donated too: the runtime owns every batch it prefetched, and donating it makes
-    the begin fence's aliasing zero-copy for all inputs.
-    """
-    fenced = ring_id is not None
-    state_struct, batch_struct = abstract(state, device), abstract(batch, device)
-    state_leaves, state_def = jax.tree.flatten(state_struct)
-    batch_leaves, batch_def = jax.tree.flatten(batch_struct)
-    names: list[tuple[str, ...]] = []
-    flat = _flat_step(fn, state_def, batch_def, names, name)
-    body = ffi.fenced(flat, ring_id=ring_id, job_id=job_id) if fenced else flat
-    with warnings.catch_warnings():
-        # The batch is donated for the fences' sake; when no output can reuse it XLA says so
-        # once per compile, which is expected here and not actionable by the user.
-        warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-        compiled = jax.jit(body, donate_argnums=(0, 1)).lower(state_leaves, batch_leaves).compile()
-    footprint = footprint_from_analysis(
-        compiled.memory_analysis(), state_bytes=tree_nbytes(state_struct),
-        batch_bytes=tree_nbytes(batch_struct), prefetch=prefetch, job=name)
-    return CompiledStep(compiled, footprint, names[0], _flops(compiled), state_struct, batch_struct,
-                        fenced, state_def, batch_def)
+def _avals(struct: Any) -> tuple:
+    leaves, treedef = jax.tree.flatten(struct)
+    return treedef, tuple((tuple(x.shape), str(x.dtype)) for x in leaves)
 
 
-def _flat_step(fn: Callable, state_def: Any, batch_def: Any, names: list, job: str) -> Callable:
+class ProgramCache:
+    """Process-wide cache of compiled programs; thread-safe; concurrent requests for one key
+    compile once (the others wait on the same future)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._memo: dict[tuple, Future] = {}      # (job, avals, device, fenced) -> CompiledStep
+        self._programs: dict[str, Future] = {}    # program key -> CompiledStep
+        self.compiles = 0                         # XLA compiles this cache ran (misses)
+        self.hits = 0
+
+    def get(self, job: Any, state: Any, batch: Any, *, device: Any, fenced: bool) -> CompiledStep:
+        state_struct, batch_struct = abstract(state, device), abstract(batch, device)
+        # The Job object itself is part of the key (as in jax.jit's cache): the memo holds it, so
+        # its id cannot be reused by another function while the entry lives.
+        memo_key = (job, job.fn, _avals(state_struct), _avals(batch_struct), device, fenced)
+        with self._lock:
+            fut = self._memo.get(memo_key)
+            owner = fut is None
+            if owner:
+                fut = self._memo[memo_key] = Future()
+            else:
+                self.hits += 1
+        if not owner:
+            return fut.result()
+        try:
+            result = self._lower_and_compile(job, state_struct, batch_struct, device, fenced)
+        except BaseException as err:
+            with self._lock:
+                del self._memo[memo_key]  # a failed trace is not cached: the next job retries
+            fut.set_exception(err)
+            raise
+        fut.set_result(result)
+        return result
+
+    def _lower_and_compile(self, job: Any, state_struct: Any, batch_struct: Any, device: Any,
+                           fenced: bool) -> CompiledStep:
+        state_leaves, state_def = jax.tree.flatten(state_struct)
+        batch_leaves, batch_def = jax.tree.flatten(batch_struct)
+        names: list[tuple[str, ...]] = []
+        flat = _flat_step(job.fn, state_def, batch_def, names)
+        # Both donated, whatever the user's ``donate``: the runtime owns its own copy of the
+        # state and every batch it prefetched, and donating the batch makes the begin fence's
+        # aliasing zero-copy.
+        donate = (0, 1)
+        with warnings.catch_warnings():
+            # The batch is donated for the fences' sake; when no output can reuse it XLA says so
+            # once per compile, which is expected here and not actionable by the user.
+            warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+            unfenced = jax.jit(flat, donate_argnums=donate).lower(state_leaves, batch_leaves)
+            digest = hashlib.sha256(unfenced.as_text().encode())
+            digest.update(repr((_avals(state_struct), _avals(batch_struct), donate, str(device),
+                                fenced)).encode())
+            key = digest.hexdigest()
+            with self._lock:
+                fut = self._programs.get(key)
+                owner = fut is None
+                if owner:
+                    fut = self._programs[key] = Future()
+                else:
+                    self.hits += 1
+            if not owner:
+                return fut.result()
+            try:
+                if fenced:
+                    ident = jax.ShapeDtypeStruct((3,), np.int32,
+                                                 sharding=jax.sharding.SingleDeviceSharding(device))
+                    lowered = jax.jit(ffi.fenced(flat, donated=True), donate_argnums=donate
+                                      ).lower(state_leaves, batch_leaves, ident)
+                else:
+                    lowered = unfenced
+                compiled = lowered.compile()
+                with self._lock:
+                    self.compiles += 1
+                footprint = footprint_from_analysis(
+                    compiled.memory_analysis(), state_bytes=tree_nbytes(state_struct),
+                    batch_bytes=tree_nbytes(batch_struct), prefetch=0, job=job.name)
+                result = CompiledStep(compiled, footprint, names[0], _flops(compiled), state_struct,
+                                      batch_struct, fenced, state_def, batch_def, key)
+            except BaseException as err:
+                with self._lock:
+                    del self._programs[key]
+                fut.set_exception(err)
+                raise
+        fut.set_result(result)
+        return result
+
+    def clear(self) -> None:
+        with self._lock:
+            self._memo.clear()
+            self._programs.clear()
+
+
+PROGRAMS = ProgramCache()
+
+
+def _flat_step(fn: Callable, state_def: Any, batch_def: Any, names: list) -> Callable:
     """``fn`` over flat lists of leaves, with its metrics packed into one float32 vector.
 
     Why flat: a call walks its argument pytrees on the host, and model states with custom nodes
@@ -103,8 +201,8 @@ def _flat_step(fn: Callable, state_def: Any, batch_def: Any, names: list, job: s
         new_state, metrics = fn(state, batch)
         new_leaves, new_def = jax.tree.flatten(new_state)
         if new_def != state_def:
-            raise TypeError(f"job {job!r}: the step must return a new state with the structure of "
-                            f"the state it was given; got {new_def}, expected {state_def}")
+            raise TypeError(f"the step must return a new state with the structure of the state it "
+                            f"was given; got {new_def}, expected {state_def}")
         flat, _ = jax.tree_util.tree_flatten_with_path(metrics)
         names.append(tuple(_key(path) or "value" for path, _ in flat))
         values = [jnp.mean(jnp.asarray(v)).astype(jnp.float32) for _, v in flat]
@@ -126,3 +224,30 @@ def _flops(compiled: Any) -> float | None:
         cost = cost[0] if cost else None
     flops = (cost or {}).get("flops")
     return float(flops) if flops and flops > 0 else None
+
+
+def compile_step(fn: Callable, state: Any, batch: Any, *, device: Any, prefetch: int = 0,
+                 fenced: bool = False, **_legacy: Any) -> CompiledStep:
+    """The program a Runtime would run for ``fn(state, batch)`` (through the shared cache),
+    with ``prefetch`` staged batches in its footprint: for tools and tests that want a job's
+    footprint or executable without a Runtime. A fenced executable takes a third argument,
+    the int32[3] ident (``xshare.ffi.ident``). ``ring_id=`` (the old keyword) means fenced."""
+    from .._job import Job
+
+    fenced = fenced or _legacy.get("ring_id") is not None
+    job = fn if isinstance(fn, Job) else _job_for(fn)
+    program = PROGRAMS.get(job, state, batch, device=device, fenced=fenced)
+    return dataclasses.replace(program, footprint=program.with_staging(prefetch))
+
+
+_JOBS: dict[Any, Any] = {}
+
+
+def _job_for(fn: Callable) -> Any:
+    """One Job per plain function, so repeated calls hit the trace memo."""
+    from .._job import Job
+
+    job = _JOBS.get(fn)
+    if job is None:
+        job = _JOBS[fn] = Job(fn)
+    return job

@@ -1,20 +1,22 @@
-"""``JobHandle``: the user's view of one submitted job (status, progress, result, controls)."""
+"""``JobHandle``: the user's view of one submitted job (status, progress, result, controls).
+
+It holds the runtime only as "something with controls" (duck-typed): this module imports
+nothing of the runtime, so there is no import cycle.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .._errors import JobCancelled, JobFailed
-from .records import CANCELLED, FAILED, JobRecord, Progress, now_s
-
-if TYPE_CHECKING:
-    from .runtime import Runtime
+from .._errors import AdmissionError, JobCancelled, JobFailed
+from .records import JobRecord, Progress, now_s
+from .states import JobState
 
 
 class JobHandle:
     """The user's handle on a submitted job. Thread-safe; cheap to poll."""
 
-    def __init__(self, runtime: "Runtime", record: JobRecord):
+    def __init__(self, runtime: Any, record: JobRecord):
         self._rt, self._rec = runtime, record
 
     @property
@@ -26,12 +28,16 @@ class JobHandle:
         return self._rec.id
 
     def status(self) -> str:
-        """queued | running | paused | done | failed | cancelled"""
+        """compiling | queued | running | paused | done | failed | cancelled"""
         return self._rec.status
 
+    @property
+    def state(self) -> JobState:
+        """The precise lifecycle state (``swapped`` shows as ``paused`` in ``status()``)."""
+        return self._rec.state
+
     def progress(self) -> Progress:
-        with self._rt._cv:
-            return self._rec.progress(now_s() - self._rt.t0)
+        return self._rec.progress(now_s() - self._rt.t0)
 
     @property
     def error(self) -> str | None:
@@ -42,14 +48,18 @@ class JobHandle:
         return self._rec.done_event.wait(timeout)
 
     def result(self, timeout: float | None = None) -> tuple[Any, dict[str, float] | None]:
-        """(final state as numpy arrays on the host, last metrics). Raises JobFailed/JobCancelled."""
+        """(final state as numpy arrays on the host, last metrics). Raises JobFailed (or
+        AdmissionError, for a job that can never fit in the arena) or JobCancelled."""
         if not self.wait(timeout):
             raise TimeoutError(f"job {self.name!r} still {self.status()} after {timeout} s")
-        if self._rec.status == FAILED:
-            raise JobFailed(self.name, self._rec.error or "unknown error")
-        if self._rec.status == CANCELLED:
-            raise JobCancelled(f"job {self.name!r} was cancelled at step {self._rec.steps_done}")
-        return self._rec.host_state, self._rec.last_metrics
+        rec = self._rec
+        if rec.state is JobState.FAILED:
+            if isinstance(rec.exception, AdmissionError):
+                raise AdmissionError(str(rec.exception))
+            raise JobFailed(self.name, rec.error or "unknown error")
+        if rec.state is JobState.CANCELLED:
+            raise JobCancelled(f"job {self.name!r} was cancelled at step {rec.spec.start_step + rec.steps_done}")
+        return rec.host_state, rec.last_metrics
 
     def pause(self, *, offload: bool = False) -> None:
         self._rt.pause(self, offload=offload)

@@ -1,4 +1,9 @@
-"""The runtime's per-job record and the read-only views handed to users (handles, progress)."""
+"""The runtime's per-job record and the read-only views handed to users (progress, steps).
+
+Ownership: the dispatcher thread is the only writer of a record's run-time fields (state,
+step counters, batches); other threads read single attributes (atomic under the GIL) for
+status and progress, and change a job only by posting an event to the dispatcher.
+"""
 
 from __future__ import annotations
 
@@ -10,10 +15,7 @@ from typing import Any
 
 from .._job import JobSpec
 from .compiler import CompiledStep
-from .source import BatchSource, Prefetcher
-
-QUEUED, RUNNING, PAUSED, DONE, FAILED, CANCELLED = "queued", "running", "paused", "done", "failed", "cancelled"
-TERMINAL = (DONE, FAILED, CANCELLED)
+from .states import TERMINAL, JobState
 
 
 @dataclass(frozen=True)
@@ -44,49 +46,57 @@ class StepRecord:
 
 @dataclass(eq=False)
 class JobRecord:
-    """Everything the runtime tracks about one job. Guarded by the runtime's lock, except
-    ``state``, which only the job's lane thread touches while the job runs."""
-
     id: int
     spec: JobSpec
     arrival_s: float
-    source: BatchSource | None = None
-    compiled: CompiledStep | None = None
-    status: str = QUEUED
+    state: JobState = JobState.COMPILING
     priority: int = 0
+    program: CompiledStep | None = None
+    footprint: Any = None                 # the program's footprint plus this runtime's staging
+    source: Any = None                    # BatchSource, made on the compile pool
     lane: int | None = None
-    state: Any = None
-    prefetcher: Prefetcher | None = None
-    # Dispatch bookkeeping (seq/turns drive the policies; in_flight gates memory and moves).
-    steps_dispatched: int = 0
-    steps_done: int = 0
+    in_ledger: bool = False               # admitted or queued in the arena
+    # Device state: flat leaves on the device while resident; on the host while swapped (or
+    # before it is first placed, when it is None and the spec's state is placed).
+    arrays: Any = None
+    host_arrays: Any = None
+    ident: Any = None                     # int32[3] (ring, job, lane) on the device, for the fences
+    batches: deque = field(default_factory=deque)   # prefetched device batches (and END/DataError)
+    # Counters (the dispatcher's).
+    dispatched: int = 0                   # steps dispatched since start_step
+    steps_done: int = 0                   # steps completed since start_step
     in_flight: int = 0
     last_seq: int = -1
-    data_done: bool = False
-    stop_reason: str | None = None         # set when the job must stop: DONE/FAILED/CANCELLED
-    paused: bool = False
-    hold_for_checkpoint: int | None = None  # step whose output state must be saved before the next
-    offload: bool = False                   # pause(offload=True): move the state to host memory
-    swapped: bool = False                   # the state lives in host memory; its P is not charged
+    turn_steps: int = 0
+    data_done: bool = False               # the data ran out: no step beyond `dispatched`
     # Results and timing.
     error: str | None = None
-    first_metrics: dict[str, float] | None = None
-    last_metrics: dict[str, float] | None = None
-    host_state: Any = None
+    exception: BaseException | None = None
+    last_values: Any = None               # the newest metrics vector (numpy), names in program
+    extra_metrics: dict[str, float] | None = None  # an observer's additions to the last step
+    restored_metrics: dict[str, float] | None = None
+    host_state: Any = None                # the final state (host pytree) of a done job
     device_time_s: float = 0.0
-    steps_recorded: int = 0                # steps seen on the device timeline
-    step_time_s: float | None = None       # measured EMA; None until the first step
+    steps_recorded: int = 0
+    step_time_s: float | None = None      # measured EMA; None until the first step
     started_s: float | None = None
     ended_s: float | None = None
-    queue_wait_s: float | None = None      # admission wait: from the end of compile to the start
+    queue_wait_s: float | None = None
     compiled_s: float | None = None
     step_times: deque = field(default_factory=lambda: deque(maxlen=256))
     done_event: threading.Event = field(default_factory=threading.Event)
-    log_file: Any = None
 
     @property
     def name(self) -> str:
         return self.spec.name
+
+    @property
+    def status(self) -> str:
+        return self.state.public
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL
 
     @property
     def steps_total(self) -> int | None:
@@ -94,14 +104,26 @@ class JobRecord:
 
     @property
     def steps_left(self) -> int | None:
+        """Steps not yet dispatched; None when the job runs until its data ends."""
+        if self.data_done:
+            return 0
         if self.spec.steps is None:
             return None
-        return max(self.spec.steps - self.spec.start_step - self.steps_dispatched, 0)
+        return max(self.spec.steps - self.spec.start_step - self.dispatched, 0)
+
+    @property
+    def last_metrics(self) -> dict[str, float] | None:
+        if self.last_values is None:
+            return self.restored_metrics
+        out = dict(zip(self.program.metric_names, self.last_values.tolist()))
+        if self.extra_metrics:
+            out.update(self.extra_metrics)
+        return out
 
     def step_estimate_s(self, flops_per_s: float | None = None) -> float:
         if self.step_time_s is not None:
             return self.step_time_s
-        return self.compiled.step_time_estimate_s(flops_per_s) if self.compiled else 1e-3
+        return self.program.step_time_estimate_s(flops_per_s) if self.program else 1e-3
 
     def steps_per_s(self, now: float) -> float | None:
         if not self.started_s or self.steps_done == 0:
@@ -110,13 +132,11 @@ class JobRecord:
         return self.steps_done / max(end - self.started_s, 1e-9)
 
     def progress(self, now: float) -> Progress:
-        start = self.arrival_s
         return Progress(
             name=self.name, status=self.status,
             steps_done=self.spec.start_step + self.steps_done, steps_total=self.steps_total,
-            metrics=dict(self.last_metrics) if self.last_metrics else None,
-            steps_per_s=self.steps_per_s(now), lane=self.lane, error=self.error,
-            wall_s=(self.ended_s or now) - start)
+            metrics=self.last_metrics, steps_per_s=self.steps_per_s(now), lane=self.lane,
+            error=self.error, wall_s=(self.ended_s or now) - self.arrival_s)
 
 
 def now_s() -> float:

@@ -1,4 +1,4 @@
-"""Batches for a job: a uniform view over its data, and a bounded prefetch thread.
+"""Batches for a job: a uniform view over its data, and the one prefetch thread of a runtime.
 
 The prefetch thread moves batches to the device ahead of the step (``device_put`` is
 asynchronous, so the copy overlaps other jobs' steps). The queue is bounded so a fast iterator
@@ -76,72 +76,68 @@ class BatchSource:
         return item
 
 
-class Prefetcher:
-    """Runs ``source`` on a daemon thread, ``device_put``-ting up to ``depth`` batches ahead.
+class Feeder:
+    """A few prefetch threads for every job (not one per job: threads must not grow with jobs).
+    Each job is served by one of them (``job.id % workers``), so its batches come in order.
 
-    ``on_ready`` is called (from the prefetch thread) after each put, so idle lane workers wake.
+    The dispatcher asks for a job's next batch with ``request(job)`` each time it takes one (and
+    ``depth`` times when the job starts); the feeder produces it from the job's source, checks
+    its structure, ``device_put``s it (asynchronous: the copy overlaps other jobs' steps) and
+    appends it to ``job.batches``. The depth bound is charged to the job as ``staging`` memory.
+    A source that raises puts a ``DataError`` in the job's batches instead: that fails the job
+    alone. ``on_ready`` is called after a batch lands (the dispatcher wakes only if it idles).
     """
 
-    def __init__(self, source: BatchSource, device: Any, *, depth: int, name: str,
-                 on_ready: Callable[[], None], treedef: Any):
-        self.source, self.device, self.treedef = source, device, treedef
-        self._queue: queue.Queue = queue.Queue(maxsize=max(depth, 1))
-        self._stop = threading.Event()
+    def __init__(self, device: Any, *, on_ready: Callable[[], None], workers: int = 2):
+        self.device = device
+        self._queues = [queue.SimpleQueue() for _ in range(max(workers, 1))]
         self._on_ready = on_ready
-        self._thread = threading.Thread(target=self._run, name=f"xshare-prefetch-{name}", daemon=True)
-        self._head: Any = None  # an item taken off the queue by ``ready`` but not yet consumed
+        self._threads = [threading.Thread(target=self._run, args=(q,), name=f"xshare-feeder-{i}",
+                                          daemon=True) for i, q in enumerate(self._queues)]
+        for t in self._threads:
+            t.start()
 
-    def start(self) -> None:
-        self._thread.start()
-
-    def _put(self, item: Any) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=0.1)
-                # Wake the lanes only when the queue was empty: otherwise this job already had
-                # a batch waiting and no lane can be idle for want of this one (a wake-up is a
-                # lock round trip plus every idle lane thread rescheduled, per batch).
-                if self._queue.qsize() <= 1:
-                    self._on_ready()
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            step = self.source.next_step
-            try:
-                batch = self.source.next()
-                if batch is not END:
-                    leaves, treedef = jax.tree.flatten(batch)
-                    if treedef != self.treedef:
-                        raise BatchMismatch(f"batch {step} does not match the compiled step: its structure "
-                                            f"is {treedef}, expected {self.treedef}")
-                    # Flat leaves: the compiled step takes them so (see compiler._flat_step).
-                    # may_alias=False: the runtime donates its batches, so it must own them and
-                    # never consume an array the user still holds.
-                    batch = jax.device_put(leaves, self.device, may_alias=False)
-            except BaseException as err:  # noqa: BLE001 - any failure of user data fails the job
-                self._put(DataError(step, err))
-                return
-            if not self._put(batch) or batch is END:
-                return
-
-    def ready(self) -> bool:
-        """Whether ``take`` would return at once (a batch, END, or a DataError)."""
-        if self._head is None:
-            try:
-                self._head = self._queue.get_nowait()
-            except queue.Empty:
-                return False
-        return True
-
-    def take(self) -> Any:
-        if not self.ready():
-            raise RuntimeError("take() without a ready batch")
-        item, self._head = self._head, None
-        return item
+    def request(self, job: Any, n: int = 1) -> None:
+        q = self._queues[job.id % len(self._queues)]
+        for _ in range(n):
+            q.put(job)
 
     def close(self) -> None:
-        self._stop.set()
+        for q in self._queues:
+            q.put(None)
+        for t in self._threads:
+            t.join(timeout=5)
+
+    def _run(self, requests: queue.SimpleQueue) -> None:
+        while True:
+            job = requests.get()
+            if job is None:
+                return
+            if job.data_done or job.terminal or job.source is None:
+                continue  # ended (or ran dry) since it asked
+            try:
+                self._produce(job)
+            except BaseException:  # noqa: BLE001 - never let the one feeder thread die
+                import logging
+                logging.getLogger("xshare.runtime").exception("feeder: job %r", job.name)
+
+    def _produce(self, job: Any) -> None:
+        source = job.source
+        step = source.next_step
+        try:
+            batch = source.next()
+            if batch is not END:
+                leaves, treedef = jax.tree.flatten(batch)
+                if treedef != job.program.batch_def:
+                    raise BatchMismatch(f"batch {step} does not match the compiled step: its structure "
+                                        f"is {treedef}, expected {job.program.batch_def}")
+                # Flat leaves: the compiled step takes them so (see compiler._flat_step).
+                # may_alias=False: the runtime donates its batches, so it must own them and
+                # never consume an array the user still holds.
+                batch = jax.device_put(leaves, self.device, may_alias=False)
+        except BaseException as err:  # noqa: BLE001 - any failure of user data fails the job
+            batch = DataError(step, err)
+        job.batches.append(batch)
+        if batch is END or isinstance(batch, DataError):
+            job.source = None  # produce nothing more for it
+        self._on_ready()

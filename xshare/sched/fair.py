@@ -22,13 +22,10 @@ class Fair:
         return None
 
     def pick(self, view: View, state: Any) -> tuple[Decision, Any]:
-        lanes = by_lane(view)
+        lanes = {lane: sorted(jobs, key=_least_served) for lane, jobs in by_lane(view).items()}
         if not lanes:
             return Decision.idle(), state
-        candidates = [
-            min(jobs, key=lambda job: (job.device_time_s, job.last_seq, job.arrival, job.id))
-            for jobs in lanes.values()
-        ]
+        candidates = [jobs[0] for jobs in lanes.values()]
         # Every runnable job is in some lane, and each lane's candidate is its minimum, so the
         # global minimum is the minimum over the candidates.
         least = min(job.device_time_s for job in candidates)
@@ -42,4 +39,10 @@ class Fair:
             job for job in candidates
             if job.device_time_s <= least + view.quantum * job.step_time_s
         ]
-        return Decision.of(chosen), state
+        # Within a chosen lane, the rotation goes from least to most served: the runtime asks
+        # again after one full rotation, with the device times measured meanwhile.
+        return Decision.rotations(lanes[job.lane] for job in chosen), state
+
+
+def _least_served(job):
+    return (job.device_time_s, job.last_seq, job.arrival, job.id)

@@ -32,5 +32,13 @@ class Pack:
         return None
 
     def pick(self, view: View, state: Any) -> tuple[Decision, Any]:
-        chosen = [next_in_lane(jobs, view.quantum) for jobs in by_lane(view).values()]
-        return Decision.of(chosen), state
+        return Decision.rotations(rotation(jobs, view.quantum) for jobs in by_lane(view).values()), state
+
+
+def rotation(jobs: list[JobView], quantum: int) -> list[JobView]:
+    """The lane's turns from now: the job ``next_in_lane`` picks, then the others from the most
+    starved on (the order ``next_in_lane`` would pick them in, turn after turn)."""
+    first = next_in_lane(jobs, quantum)
+    rest = sorted((job for job in jobs if job.id != first.id),
+                  key=lambda job: (job.last_seq, job.arrival, job.id))
+    return [first, *rest]

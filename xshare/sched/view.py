@@ -53,14 +53,28 @@ class View:
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """Which job each lane steps next: ``run[lane] = job id``; a lane that is absent idles."""
+    """Which job each lane steps next: ``run[lane] = job id``; a lane that is absent idles.
+
+    ``order[lane]`` is the lane's rotation from here on: the jobs it steps in turn, ``quantum``
+    steps each, starting with ``run[lane]``, until the runtime asks again. The runtime asks on
+    events (a job arrives, ends, pauses, changes priority) and after each full rotation, not
+    per step: that is what keeps the per-step cost flat in the number of jobs. Policies that
+    run one job per lane leave it out (it defaults to ``(run[lane],)``).
+    """
 
     run: Mapping[int, int] = field(default_factory=dict)
+    order: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # Copy then wrap read-only: neither the caller nor the runtime can mutate a decision
-        # that another lane thread may still be reading.
-        object.__setattr__(self, "run", MappingProxyType(dict(self.run)))
+        # that another thread may still be reading.
+        run = dict(self.run)
+        order = {lane: tuple(self.order.get(lane, ())) or (job,) for lane, job in run.items()}
+        for lane, jobs in order.items():
+            if jobs[0] != run[lane]:
+                raise ValueError(f"order[{lane}] must start with run[{lane}]={run[lane]}; got {jobs}")
+        object.__setattr__(self, "run", MappingProxyType(run))
+        object.__setattr__(self, "order", MappingProxyType(order))
 
     def __hash__(self) -> int:
         return hash(frozenset(self.run.items()))
@@ -72,6 +86,13 @@ class Decision:
     def of(cls, jobs: Iterable[JobView]) -> Decision:
         """Run each given job in its own lane (callers pass at most one job per lane)."""
         return cls({job.lane: job.id for job in jobs})
+
+    @classmethod
+    def rotations(cls, orders: Iterable[list[JobView]]) -> Decision:
+        """Each non-empty list is one lane's rotation, first job first."""
+        orders = [jobs for jobs in orders if jobs]
+        return cls({jobs[0].lane: jobs[0].id for jobs in orders},
+                   {jobs[0].lane: tuple(job.id for job in jobs) for jobs in orders})
 
     @classmethod
     def idle(cls) -> Decision:

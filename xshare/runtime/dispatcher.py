@@ -1,0 +1,530 @@
+"""The dispatcher: one thread that owns picking, dispatch and every job's run-time state.
+
+Everything that changes a job arrives as an event (a compile finished, pause, resume, cancel,
+a priority, stop) through ``post``; the dispatcher applies events between steps, so no lock is
+held on the hot path and no other thread touches device state. Per step it does O(1) work:
+advance the plan's cursor, take the job's prefetched batch, call the shared executable, and
+retire the oldest in-flight step (read its metrics vector, hand the row to the recorder).
+The policy is asked again only on events and after each full rotation (see ``plan.py``).
+
+Pipelining: up to ``1 + dispatch_ahead`` steps are in flight, so on an asynchronous device the
+stream never waits on Python between steps; on CPU small steps execute inline and retire at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import traceback
+from collections import deque
+from concurrent.futures import Future
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+from .. import ffi, sched
+from .._errors import AdmissionError
+from .._units import format_bytes
+from ..memory import Admitted
+from .causes import dispatch_error, short_error
+from .plan import Plan
+from .records import JobRecord, now_s
+from .source import END, BatchMismatch, DataError
+from .states import Event, JobState, transition
+
+log = logging.getLogger("xshare.runtime")
+
+S = JobState
+
+
+class Dispatcher:
+    def __init__(self, *, policy: Any, arena: Any, device: Any, feeder: Any, recorder: Any,
+                 timeline: Any, ring: int | None, quantum: int, slots: int, dispatch_ahead: int,
+                 prefetch: int, checkpoint_every: int | None, checkpoint_dir: Any, t0: float,
+                 capacity_source: str, on_end: Callable[[JobRecord], None]):
+        self.policy, self.arena, self.device = policy, arena, device
+        self.feeder, self.recorder, self.timeline, self.ring = feeder, recorder, timeline, ring
+        self.quantum, self.slots, self.ahead, self.prefetch = quantum, slots, dispatch_ahead, prefetch
+        self.checkpoint_every, self.checkpoint_dir = checkpoint_every, checkpoint_dir
+        self.t0, self.capacity_source, self._on_end = t0, capacity_source, on_end
+        self.jobs: dict[int, JobRecord] = {}          # every live job, by id
+        self._running: dict[int, JobRecord] = {}      # RUNNING jobs: what the policy sees
+        self._swap_waiting: list[JobRecord] = []      # resumed, state on the host, no room yet
+        self._events: deque = deque()
+        self._inflight: deque = deque()
+        self._lane_current: dict[int, JobRecord] = {}
+        self._policy_state = policy.init()
+        self._plan: Plan | None = None
+        self._dirty = True
+        self._seq = 0
+        self._draining = False
+        self._exit = False
+        self._idle = False
+        self._wake = threading.Event()
+        self.peak_in_flight_bytes = 0
+        self.thread = threading.Thread(target=self._main, name="xshare-dispatcher", daemon=True)
+        self.thread.start()
+
+    # ------------------------------------------------------------------ from other threads
+    def post(self, fn: Callable, *args: Any) -> Future:
+        """Run ``fn(*args)`` on the dispatcher thread between two steps; its result or
+        exception lands in the returned future."""
+        fut: Future = Future()
+        self._events.append((fn, args, fut))
+        self._wake.set()
+        return fut
+
+    def call(self, fn: Callable, *args: Any, timeout: float | None = 60.0) -> Any:
+        if threading.current_thread() is self.thread or not self.thread.is_alive():
+            return fn(*args)
+        return self.post(fn, *args).result(timeout)
+
+    def poke(self) -> None:
+        """A batch landed: wake the dispatcher if it waits for one."""
+        if self._idle:
+            self._wake.set()
+
+    # ------------------------------------------------------------------ the loop
+    def _main(self) -> None:
+        while not self._exit:
+            try:
+                self._iterate()
+            except BaseException as err:  # noqa: BLE001 - a bug must not hang every job
+                log.error("xshare dispatcher: %s", "".join(traceback.format_exception(err)))
+                self._inflight.clear()
+                for job in list(self.jobs.values()):
+                    self._fail(job, f"the runtime's dispatcher failed: {short_error(err)}", err)
+                    job.in_flight = 0
+                    self._finalize(job, Event.FAIL)
+
+    def _iterate(self) -> None:
+        if self._events:
+            self._apply_events()
+            return
+        pick = None if self._draining else self._next()
+        if pick is not None:
+            self._dispatch(*pick)
+            while len(self._inflight) > self.ahead:
+                self._retire()
+            return
+        if self._inflight:
+            self._retire()
+            return
+        self._idle = True
+        # Re-check after announcing idleness: a batch that landed in between has no one to wake.
+        if self._events or (not self._draining and self._next() is not None):
+            self._idle = False
+            return
+        self._wake.wait(0.05)
+        self._wake.clear()
+        self._idle = False
+
+    def _apply_events(self) -> None:
+        while self._events:
+            fn, args, fut = self._events.popleft()
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                fut.set_result(fn(*args))
+            except BaseException as err:  # noqa: BLE001 - the caller gets it
+                fut.set_exception(err)
+
+    # ------------------------------------------------------------------ picking
+    def _next(self) -> tuple[JobRecord, int, int] | None:
+        plan = self._plan
+        if self._dirty or plan is None or plan.left <= 0:
+            plan = self._replan()
+        if not plan:
+            return None
+        if self.policy.exclusive:
+            # Exclusive policies give the device to the chosen jobs only: one waiting for its
+            # data keeps it (the device idles, as under exclusive allocation).
+            li, pos = plan.lane, plan.idx[plan.lane]
+            return (plan.job_at(li, pos), li, pos) if plan.job_at(li, pos).batches else None
+        for li, pos in plan.candidates():
+            job = plan.job_at(li, pos)
+            if job.batches:
+                return job, li, pos
+        return None
+
+    def _replan(self) -> Plan:
+        flops = self.timeline.flops_per_s
+        views = []
+        for job in self._running.values():
+            if job.steps_left == 0 or job.error is not None:
+                continue
+            current = self._lane_current.get(job.lane)
+            views.append(sched.JobView(
+                id=job.id, name=job.name, arrival=job.arrival_s, priority=job.priority,
+                steps_done=job.dispatched, steps_left=job.steps_left,
+                step_time_s=job.step_estimate_s(flops), device_time_s=job.device_time_s,
+                lane=job.lane, last_seq=job.last_seq,
+                turn_steps=job.turn_steps if current is job else 0))
+        lanes = tuple(sorted({v.lane for v in views}))
+        view = sched.View(now=now_s() - self.t0, jobs=tuple(views), lanes=lanes,
+                          quantum=self.quantum, slots=self.slots)
+        decision, self._policy_state = self.policy.pick(view, self._policy_state)
+        rotations = [[self._running[i] for i in decision.order[lane]] for lane in sorted(decision.run)]
+        period = max(sum(len(r) for r in rotations) * self.quantum, len(views))
+        plan = Plan(rotations, self.quantum, period=period)
+        plan.start_turns(lambda job: job.turn_steps if self._lane_current.get(job.lane) is job else 0)
+        self._plan, self._dirty = plan, False
+        return plan
+
+    # ------------------------------------------------------------------ stepping
+    def _dispatch(self, job: JobRecord, li: int, pos: int) -> None:
+        batch = job.batches.popleft()
+        if batch is END or isinstance(batch, DataError):
+            if batch is END:
+                job.data_done = True
+            elif isinstance(batch.error, BatchMismatch):
+                self._fail(job, str(batch.error))
+            else:
+                self._fail(job, f"its data raised while producing batch {batch.step}: "
+                                f"{short_error(batch.error)}", batch.error)
+            self._dirty = True
+            self._settle(job)
+            return
+        self.feeder.request(job)
+        program = job.program
+        step = job.spec.start_step + job.dispatched
+        t = time.monotonic_ns()  # CLOCK_MONOTONIC, the fences' clock too
+        try:
+            if job.ident is not None:
+                outs = program.executable(job.arrays, batch, job.ident)
+            else:
+                outs = program.executable(job.arrays, batch)
+        except Exception as err:  # noqa: BLE001 - e.g. a batch that does not match the compile
+            self._fail(job, dispatch_error(job, step, batch, err), err)
+            self._settle(job)
+            return
+        job.arrays = outs[0]
+        job.dispatched += 1
+        job.in_flight += 1
+        self._seq += 1
+        job.last_seq = self._seq
+        current = self._lane_current.get(job.lane)
+        if current is job:
+            job.turn_steps += 1
+        else:
+            if current is not None:
+                current.turn_steps = 0
+            self._lane_current[job.lane] = job
+            job.turn_steps = 1
+        self._plan.stepped(li, pos)
+        self._inflight.append((job, step, outs[1], t))
+        if job.steps_left == 0:
+            self._dirty = True  # it leaves the rotation; it finishes when its steps retire
+        elif self.checkpoint_every and (step + 1) % self.checkpoint_every == 0:
+            # Its next step would consume (donate) this state: copy it out first.
+            self._drain_inflight()
+            if job.error is None and not job.terminal:
+                self._save(job, done=False)
+
+    def _retire(self) -> None:
+        job, step, vec, t = self._inflight.popleft()
+        job.in_flight -= 1
+        try:
+            # A sync point by design: the pipeline is full, so the host waits here while the
+            # steps dispatched after this one keep the device busy.
+            values = np.asarray(vec)
+        except Exception as err:  # noqa: BLE001 - a step that fails on the device fails its job
+            self._fail(job, f"step {step} raised: {short_error(err)}", err)
+        else:
+            t_end = time.monotonic_ns()
+            # A step that completed counts even if the job failed after it was dispatched (a
+            # later batch was bad): its work is real and its metrics are logged.
+            job.steps_done += 1
+            job.last_values = values
+            if job.spec.observer is not None:
+                self._observe(job, step, values, t_end)
+            if self.recorder.log_dir is not None:
+                self.recorder.metrics(job, step, t_end / 1e9, values, job.extra_metrics)
+            if job.spec.nan_policy == "fail" and not np.isfinite(values).all():
+                bad = [k for k, v in job.last_metrics.items() if not np.isfinite(v)]
+                self._fail(job, f"non-finite metric {bad[0]}={job.last_metrics[bad[0]]} at step {step} "
+                                "(nan_policy='fail')")
+            if self.ring is None:
+                self.timeline.host_step(job, t, t_end)
+        if job.in_flight == 0:
+            self._settle(job)
+
+    def _drain_inflight(self) -> None:
+        while self._inflight:
+            self._retire()
+
+    def _observe(self, job: JobRecord, step: int, values: Any, t_end_ns: int) -> None:
+        metrics = dict(zip(job.program.metric_names, values.tolist()))
+        try:
+            extra = job.spec.observer(step, metrics, t_end_ns / 1e9)
+            job.extra_metrics = {k: float(v) for k, v in (extra or {}).items()} or None
+        except Exception as err:  # noqa: BLE001 - its failure fails the job
+            self._fail(job, f"its observer raised at step {step}: {short_error(err)}", err)
+
+    def _settle(self, job: JobRecord) -> None:
+        """A job with nothing in flight: end it if it failed or ran out of steps."""
+        if job.in_flight or job.terminal:
+            return
+        if job.error is not None:
+            self._finalize(job, Event.FAIL)
+        elif job.steps_left == 0 and job.state in (S.RUNNING, S.PAUSED):
+            self._finish(job)
+
+    # ------------------------------------------------------------------ lifecycle
+    def compiled(self, job: JobRecord, program: Any) -> None:
+        """The compile pool is done with ``job``: admit it, queue it, or refuse it."""
+        if job.terminal:
+            return
+        job.program = program
+        job.footprint = fp = program.with_staging(self.prefetch)
+        job.compiled_s = now_s() - self.t0
+        if fp.resident + fp.ephemeral > self.arena.capacity:
+            err = AdmissionError(
+                f"job {job.name!r} needs {format_bytes(fp.resident + fp.ephemeral)} ({fp.describe()}) "
+                f"but the arena holds {format_bytes(self.arena.capacity)} ({self.capacity_source}); "
+                "lower its batch size or model size, or give the runtime more memory (--memory)")
+            self._fail(job, str(err), err)
+            self._finalize(job, Event.FAIL)
+            return
+        if job.state is S.COMPILING:
+            self._admit(job)
+
+    def fail_now(self, job: JobRecord, cause: str, err: BaseException | None) -> None:
+        if not job.terminal:
+            self._fail(job, cause, err)
+            self._settle(job)
+
+    def finish_now(self, job: JobRecord, host_state: Any, metrics: dict | None, note: str) -> None:
+        """End a job that never runs a step (no batches, or resumed already finished)."""
+        if job.terminal:
+            return
+        job.host_state, job.restored_metrics = host_state, metrics
+        self.recorder.line(job, note)
+        self._finalize(job, Event.FINISH)
+
+    def _admit(self, job: JobRecord) -> None:
+        fp = job.footprint
+        # A job that truly holds nothing still takes a lane; the arena refuses zero-byte
+        # footprints (zero is how "unknown" looks), so charge it 1 byte.
+        ephemeral = fp.ephemeral if fp.resident + fp.ephemeral > 0 else 1
+        placed = self.arena.admit(job.id, fp.resident, ephemeral, name=job.name)
+        job.in_ledger = True
+        if isinstance(placed, Admitted):
+            self.recorder.line(job, f"compiled: {fp.describe()}; lane {placed.lane_id}")
+            self._place(job, placed.lane_id)
+        else:
+            self.recorder.line(job, f"compiled: {fp.describe()}; queued: {placed.reason}")
+            job.state = transition(job.state, Event.QUEUE)
+
+    def _place(self, job: JobRecord, lane: int) -> None:
+        """Put an admitted job's state on the device and let the scheduler see it."""
+        try:
+            if job.host_arrays is not None:  # back from host memory
+                kind = self.device.default_memory().kind
+                target = jax.sharding.SingleDeviceSharding(self.device, memory_kind=kind)
+                job.arrays = jax.device_put(job.host_arrays, target, may_alias=False)
+            else:
+                # The runtime keeps the state as flat leaves (see compiler._flat_step) and owns
+                # its copy: the user's arrays stay valid (bind does not take ownership).
+                job.arrays = jax.device_put(jax.tree.leaves(job.spec.state), self.device, may_alias=False)
+            if self.ring is not None and (job.ident is None or job.lane != lane):
+                job.ident = jax.device_put(ffi.ident(self.ring, job.id, lane), self.device)
+        except Exception as err:  # noqa: BLE001
+            self._fail(job, f"could not place its state on {self.device}: {short_error(err)}", err)
+            self._finalize(job, Event.FAIL)
+            return
+        first = job.started_s is None
+        job.host_arrays, job.lane = None, lane
+        job.state = transition(job.state, Event.ADMIT)
+        self._running[job.id] = job
+        self._dirty = True
+        if first:
+            job.started_s = now_s() - self.t0
+            job.queue_wait_s = job.started_s - (job.compiled_s if job.compiled_s is not None else job.arrival_s)
+        want = self.prefetch - len(job.batches)
+        if want > 0 and job.source is not None:
+            self.feeder.request(job, want)
+        self._account_peak()
+
+    def _account_peak(self) -> None:
+        """The runtime's own record of device memory that may be in use (from its job records,
+        not the arena's books, so it checks the admissions): every resident job holds P +
+        staging; every lane holds the largest E among its resident jobs."""
+        resident, lane_e = 0, {}
+        for job in self._running.values():
+            fp = job.footprint
+            resident += fp.resident
+            lane_e[job.lane] = max(lane_e.get(job.lane, 0), fp.ephemeral)
+        self.peak_in_flight_bytes = max(self.peak_in_flight_bytes, resident + sum(lane_e.values()))
+
+    def _finish(self, job: JobRecord) -> None:
+        try:
+            # A device-to-host copy, once per job.
+            host = jax.tree.unflatten(job.program.state_def, jax.device_get(job.arrays))
+        except Exception as err:  # noqa: BLE001 - the last step failed on the device
+            self._fail(job, f"its final state could not be read: {short_error(err)}", err)
+            self._finalize(job, Event.FAIL)
+            return
+        job.host_state = host
+        if self.checkpoint_dir is not None:
+            self.recorder.checkpoint(job, job.spec.start_step + job.steps_done, host,
+                                     job.last_metrics, done=True)
+        self._finalize(job, Event.FINISH)
+
+    def _save(self, job: JobRecord, *, done: bool) -> None:
+        if self.checkpoint_dir is None:
+            return
+        arrays = job.arrays if job.arrays is not None else job.host_arrays
+        if arrays is None:
+            return
+        host = jax.tree.unflatten(job.program.state_def, jax.device_get(arrays))
+        self.recorder.checkpoint(job, job.spec.start_step + job.steps_done, host, job.last_metrics,
+                                 done=done)
+
+    def _fail(self, job: JobRecord, cause: str, err: BaseException | None = None) -> None:
+        """Record a failure; the job ends once its in-flight steps have retired."""
+        if job.error is not None or job.terminal:
+            return
+        job.error, job.exception = cause, err
+        log.warning("job %r failed: %s", job.name, cause)
+        self.recorder.line(job, f"FAILED: {cause}")
+        if err is not None:
+            self.recorder.line(job, "".join(traceback.format_exception(err)))
+        if self._running.pop(job.id, None) is not None:
+            self._dirty = True
+
+    def _finalize(self, job: JobRecord, event: Event) -> None:
+        """Move a job with nothing in flight to its terminal state and give its memory to
+        whoever waits for it."""
+        if job.terminal:
+            return
+        job.state = transition(job.state, event)
+        job.ended_s = now_s() - self.t0
+        self._running.pop(job.id, None)
+        if self._lane_current.get(job.lane) is job:
+            del self._lane_current[job.lane]
+        if job in self._swap_waiting:
+            self._swap_waiting.remove(job)
+        job.arrays = job.host_arrays = job.ident = None  # drop the device buffers
+        job.source = None
+        job.batches.clear()
+        self._dirty = True
+        self.recorder.line(job, f"{job.state.value} after {job.steps_done} steps")
+        self.recorder.close_job(job)
+        self.jobs.pop(job.id, None)
+        if job.in_ledger:
+            job.in_ledger = False
+            self._admitted(self.arena.release(job.id))
+        job.done_event.set()
+        self._on_end(job)
+
+    def _admitted(self, admitted: list) -> None:
+        """Place jobs the arena admitted from its queue, then bring back swapped jobs."""
+        for placed in admitted:
+            job = self.jobs.get(placed.job_id)
+            if job is not None:
+                self._place(job, placed.lane_id)
+        for job in list(self._swap_waiting):
+            if self.arena.swap_in(job.id):
+                self._swap_waiting.remove(job)
+                self._place(job, job.lane)
+
+    # ------------------------------------------------------------------ controls (events)
+    def pause(self, job: JobRecord, offload: bool) -> None:
+        if job.terminal:
+            raise _not_live(job, "paused")
+        if job.state is S.QUEUED:
+            if job in self._swap_waiting:
+                self._swap_waiting.remove(job)
+            elif job.in_ledger:  # leave the queue; resume queues it again
+                job.in_ledger = False
+                self._admitted(self.arena.release(job.id))
+        if job.state in (S.RUNNING, S.PAUSED, S.COMPILING, S.QUEUED, S.SWAPPED):
+            job.state = transition(job.state, Event.PAUSE)
+        if self._running.pop(job.id, None) is not None:
+            self._dirty = True
+        if offload and job.state is S.PAUSED:
+            if job.in_flight:
+                self._drain_inflight()
+            if not job.terminal and job.state is S.PAUSED:
+                self._swap_out(job)
+
+    def _swap_out(self, job: JobRecord) -> None:
+        kinds = {m.kind for m in self.device.addressable_memories()}
+        kind = next((k for k in ("pinned_host", "unpinned_host") if k in kinds), None)
+        if kind is not None:  # host memory of the device (pinned where it has it)
+            host = jax.device_put(job.arrays, jax.sharding.SingleDeviceSharding(self.device, memory_kind=kind))
+            jax.block_until_ready(host)
+        else:
+            host = jax.device_get(job.arrays)
+        job.host_arrays, job.arrays = host, None
+        self.arena.swap_out(job.id)
+        job.state = transition(job.state, Event.OFFLOAD)
+        self.recorder.line(job, "state offloaded to host memory")
+        self._admitted(self.arena.retry())
+
+    def resume(self, job: JobRecord) -> None:
+        if job.terminal:
+            raise _not_live(job, "resumed")
+        if job.state is S.PAUSED:
+            job.state = transition(job.state, Event.RESUME)
+            if job.error is None:
+                self._running[job.id] = job
+            self._dirty = True
+            self._settle(job)
+        elif job.state is S.SWAPPED:
+            if job.program is None:
+                job.state = transition(job.state, Event.AWAIT_COMPILE)
+            elif not job.in_ledger:
+                self._admit(job)
+            elif self.arena.swap_in(job.id):
+                self._place(job, job.lane)
+                self.recorder.line(job, "state back on the device")
+            else:
+                job.state = transition(job.state, Event.QUEUE)
+                self._swap_waiting.append(job)
+
+    def cancel(self, job: JobRecord) -> None:
+        if job.terminal:
+            return
+        if self._running.pop(job.id, None) is not None:
+            self._dirty = True
+        if job.in_flight:
+            self._drain_inflight()
+        self._finalize(job, Event.CANCEL)
+
+    def set_priority(self, job: JobRecord, priority: int) -> None:
+        job.priority = priority
+        self._dirty = True
+
+    def stop(self, checkpoint: bool) -> list[str]:
+        """Dispatch nothing new, retire what is in flight, checkpoint every live job.
+        Returns the names of jobs that could not be checkpointed."""
+        self._draining = True
+        self._drain_inflight()
+        missed = []
+        if checkpoint and self.checkpoint_dir is not None:
+            for job in list(self.jobs.values()):
+                if job.program is None or job.terminal:
+                    continue
+                try:
+                    self._save(job, done=False)
+                except Exception as err:  # noqa: BLE001 - report, never hang
+                    missed.append(job.name)
+                    log.warning("job %r: checkpoint on stop failed: %s", job.name, err)
+        return missed
+
+    def shutdown(self) -> None:
+        """Cancel every live job and end the thread."""
+        self._draining = True
+        self._drain_inflight()
+        for job in list(self.jobs.values()):
+            self._finalize(job, Event.CANCEL)
+        self._exit = True
+
+
+def _not_live(job: JobRecord, what: str):
+    from .._errors import XShareError
+    return XShareError(f"job {job.name!r} is {job.status}; only live jobs can be {what}")

@@ -1,0 +1,187 @@
+"""The recorder thread: every file write of the runtime, off the dispatcher's path.
+
+Metrics lines, log lines and checkpoint files go through one queue to one thread, so the
+dispatcher never blocks on a disk. A write that fails (directory deleted, disk full, lost
+permission) turns that job's logging off with one warning and fails nothing: training goes on,
+and the previous checkpoint stays valid (checkpoints are written atomically).
+
+Each job's files live in ``{log_dir}/{job_dir(name)}/``: ``metrics.jsonl``, ``log.txt`` and
+(under ``checkpoint_dir``) ``checkpoint.msgpack``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import urllib.parse
+from pathlib import Path
+from typing import Any, Callable
+
+from . import checkpoint
+from .causes import short_error
+
+log = logging.getLogger("xshare.runtime")
+
+_SAFE = "-_.=,+@"
+
+
+def job_dir(name: str) -> str:
+    """The directory name of a job: its name with every other character percent-encoded, so
+    two names never share a directory ("a/b" -> "a%2Fb", "a_b" stays) and no name leaves
+    ``log_dir``. Names that would still be special ("", ".", "..") are refused at submit."""
+    return urllib.parse.quote(name, safe=_SAFE)
+
+
+def check_name(name: Any) -> str:
+    if not isinstance(name, str) or name in ("", ".", "..") or "\x00" in name:
+        raise ValueError(f"job name {name!r} cannot name a directory; use letters, digits and -_.=,")
+    return name
+
+
+class Recorder:
+    def __init__(self, *, log_dir: Path | None, checkpoint_dir: Path | None, t0: float,
+                 tick: Callable[[], None] | None = None, tick_s: float = 0.05):
+        self.log_dir, self.checkpoint_dir, self.t0 = log_dir, checkpoint_dir, t0
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._files: dict[int, Any] = {}
+        self._broken: set[int] = set()
+        self._tick, self._tick_s = tick, tick_s
+        self._thread = threading.Thread(target=self._run, name="xshare-recorder", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ posting (any thread)
+    def open(self, job: Any, *, resume_from: int | None = None) -> None:
+        if self.log_dir is not None:
+            self._queue.put((self._open, (job, resume_from)))
+
+    def line(self, job: Any, text: str) -> None:
+        if self.log_dir is not None:
+            self._queue.put((self._line, (job, text)))
+
+    def metrics(self, job: Any, step: int, t_s: float, values: Any, extra: dict | None) -> None:
+        """A step's metrics row (``values`` is the packed vector; names come from the program)."""
+        self._queue.put((self._metrics, (job, step, t_s, values, extra)))
+
+    def checkpoint(self, job: Any, step: int, state: Any, metrics: dict | None, *, done: bool) -> None:
+        """Write ``state`` (already on the host) as the job's checkpoint after ``step`` steps."""
+        self._queue.put((self._checkpoint, (job, step, state, metrics, done)))
+
+    def close_job(self, job: Any) -> None:
+        self._queue.put((self._close_job, (job,)))
+
+    def flush(self, timeout: float | None = 30.0) -> bool:
+        """Wait until everything posted so far is written."""
+        done = threading.Event()
+        self._queue.put((done.set, ()))
+        return done.wait(timeout)
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout=30)
+
+    # ------------------------------------------------------------------ the thread
+    def _run(self) -> None:
+        while True:
+            try:
+                item = self._queue.get(timeout=self._tick_s)
+            except queue.Empty:
+                item = ()
+            if item is None:
+                for f in self._files.values():
+                    _quiet_close(f)
+                self._files.clear()
+                return
+            if item:
+                fn, args = item
+                try:
+                    fn(*args)
+                except Exception as err:  # noqa: BLE001 - the recorder must never die
+                    log.warning("xshare recorder: %s failed: %s", getattr(fn, "__name__", fn), err)
+            if self._tick is not None and (not item or self._queue.empty()):
+                try:
+                    self._tick()
+                except Exception as err:  # noqa: BLE001
+                    log.warning("xshare recorder: timing update failed: %s", err)
+
+    def _dir(self, job: Any) -> Path:
+        return self.log_dir / job_dir(job.name)
+
+    def _broke(self, job: Any, what: str, err: BaseException) -> None:
+        if job.id not in self._broken:
+            self._broken.add(job.id)
+            log.warning("job %r: %s failed (%s); its logging is off from here, training goes on",
+                        job.name, what, short_error(err))
+        _quiet_close(self._files.pop(job.id, None))
+
+    def _open(self, job: Any, resume_from: int | None) -> None:
+        try:
+            d = self._dir(job)
+            d.mkdir(parents=True, exist_ok=True)
+            path = d / "metrics.jsonl"
+            if resume_from is not None and path.exists():
+                # Steps after the checkpoint ran but their state was lost: they run again, so
+                # their old rows go (the file then reads like an uninterrupted run's). A torn
+                # last line (the disk filled, the process was killed mid-write) is dropped.
+                keep = []
+                for ln in path.read_text().splitlines():
+                    try:
+                        row = json.loads(ln)
+                    except ValueError:
+                        log.warning("job %r: dropped a torn line of %s", job.name, path)
+                        continue
+                    if row.get("step", -1) < resume_from:
+                        keep.append(ln)
+                path.write_text("".join(ln + "\n" for ln in keep))
+            self._files[job.id] = open(path, "a", buffering=1 << 16)
+            (d / "log.txt").touch()
+        except OSError as err:
+            self._broke(job, "opening its log directory", err)
+
+    def _line(self, job: Any, text: str) -> None:
+        if job.id in self._broken:
+            return
+        try:
+            with open(self._dir(job) / "log.txt", "a") as f:
+                f.write(text.rstrip("\n") + "\n")
+        except OSError as err:
+            self._broke(job, "writing log.txt", err)
+
+    def _metrics(self, job: Any, step: int, t_s: float, values: Any, extra: dict | None) -> None:
+        f = self._files.get(job.id)
+        if f is None:
+            return
+        row = {"step": step, "time_s": round(t_s - self.t0, 6),
+               **dict(zip(job.program.metric_names, values.tolist()))}
+        if extra:
+            row.update(extra)
+        try:
+            f.write(json.dumps(row) + "\n")
+        except (OSError, ValueError) as err:
+            self._broke(job, "writing metrics.jsonl", err)
+
+    def _checkpoint(self, job: Any, step: int, state: Any, metrics: dict | None, done: bool) -> None:
+        f = self._files.get(job.id)
+        if f is not None:
+            try:
+                f.flush()  # the metrics rows up to the checkpoint survive a kill
+            except OSError as err:
+                self._broke(job, "writing metrics.jsonl", err)
+        try:
+            checkpoint.save(checkpoint.path_for(self.checkpoint_dir, job_dir(job.name)), step=step,
+                            state=state, metrics=metrics, done=done)
+        except Exception as err:  # noqa: BLE001 - the previous checkpoint stays valid
+            log.warning("job %r: checkpoint at step %d failed: %s", job.name, step, err)
+            self._line(job, f"checkpoint at step {step} failed: {short_error(err)}")
+
+    def _close_job(self, job: Any) -> None:
+        _quiet_close(self._files.pop(job.id, None))
+
+
+def _quiet_close(f: Any) -> None:
+    if f is not None:
+        try:
+            f.close()
+        except OSError:
+            pass

@@ -1,0 +1,139 @@
+"""``Runtime.snapshot()``: the runtime's state as one JSON-ready document (schema
+``xshare.status/v1``), built from single-attribute reads of the job records and the arena.
+
+It takes no lock the dispatcher needs: a snapshot may be a step stale for one job and a step
+fresh for the next, which is what a monitor wants (``xshare top`` polls it), and it never slows
+the dispatcher. NVML is asked last (its calls take milliseconds).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Any
+
+from .records import now_s
+
+SCHEMA_ID = "xshare.status/v1"
+
+
+def snapshot(rt: Any) -> dict[str, Any]:
+    from .. import __version__
+    from . import nvml
+
+    rel = now_s() - rt.t0
+    with rt._lock:
+        records = sorted((h._rec for h in rt._handles.values()), key=lambda j: j.id)
+    names = {j.id: j.name for j in records}
+    arena = rt.arena
+    lane_infos = arena.lanes()
+    queue = arena.queue
+    arena_doc = {
+        "capacity_bytes": int(arena.capacity),
+        "capacity_source": str(rt.capacity_source),
+        "committed_bytes": int(arena.committed),
+        "free_bytes": int(arena.free),
+        "peak_in_flight_bytes": int(rt.peak_in_flight_bytes),
+        "queued_jobs": len(queue),
+        "queue": [names.get(i, str(i)) for i in queue],
+    }
+    in_flight: dict[int, int] = {}
+    e_peak: dict[int, int] = {}
+    for j in records:
+        if j.lane is not None and j.footprint is not None:
+            e_peak[j.lane] = max(e_peak.get(j.lane, 0), int(j.footprint.ephemeral))
+        if j.in_flight and j.lane is not None:
+            in_flight[j.lane] = in_flight.get(j.lane, 0) + j.in_flight
+    lanes = []
+    for info in lane_infos:
+        steps = int(in_flight.get(info.id, 0))
+        lanes.append({
+            "id": int(info.id),
+            "size_bytes": int(info.size),
+            "persistent_bytes": int(info.persistent),
+            "ephemeral_bytes": int(info.ephemeral),
+            "ephemeral_peak_bytes": max(e_peak.get(info.id, 0), int(info.ephemeral)),
+            "in_use_bytes": int(info.persistent) + (int(info.ephemeral) if steps > 0 else 0),
+            "steps_in_flight": steps,
+            "jobs": [names.get(i, str(i)) for i in info.jobs],
+            "swapped_jobs": [names.get(i, str(i)) for i in info.swapped],
+        })
+    jobs = [_job(j, rel) for j in records]
+    total_device = sum(j["device_time_s"] for j in jobs)
+    for j in jobs:
+        j["device_time_share"] = j["device_time_s"] / total_device if total_device > 0 else None
+    runtime = {
+        "pid": os.getpid(),
+        "version": __version__,
+        "policy": str(getattr(rt.policy, "name", rt.policy)),
+        "started_unix_s": time.time() - rel,
+        "uptime_s": max(rel, 0.0),
+        "fences": bool(rt.fences),
+        "quantum": int(rt.quantum),
+        "closed": bool(rt._closed),
+        "xla_compiles": int(rt.compiles),
+    }
+    dev = rt.device
+    stats = nvml.device_stats(dev)
+    device = {
+        "platform": str(dev.platform),
+        "kind": str(getattr(dev, "device_kind", dev.platform)),
+        "id": int(getattr(dev, "id", 0)),
+        "name": stats.name,
+        "utilization_percent": stats.utilization_percent,
+        "memory_used_bytes": stats.memory_used_bytes,
+        "memory_total_bytes": stats.memory_total_bytes,
+    }
+    return {"schema": SCHEMA_ID, "time_unix_s": time.time(), "runtime": runtime, "device": device,
+            "arena": arena_doc, "lanes": lanes, "jobs": jobs}
+
+
+def _job(j: Any, now: float) -> dict[str, Any]:
+    fp = j.footprint
+    times = sorted(j.step_times)
+    metrics = j.last_metrics
+    return {
+        "name": j.name,
+        "id": int(j.id),
+        "status": j.status,
+        "state": j.state.value,
+        "paused": j.status == "paused",
+        "lane": j.lane,
+        "priority": int(j.priority),
+        "steps_done": int(j.spec.start_step + j.steps_done),
+        "steps_total": j.steps_total,
+        "steps_per_s": _finite(j.steps_per_s(now)),
+        "step_time_p50_s": _quantile(times, 0.5),
+        "step_time_p95_s": _quantile(times, 0.95),
+        "step_times_s": [float(t) for t in times[-64:]],
+        "arrival_s": max(float(j.arrival_s), 0.0),
+        "started_s": j.started_s,
+        "ended_s": j.ended_s,
+        "queue_wait_s": j.queue_wait_s,
+        "device_time_s": float(j.device_time_s),
+        "device_time_share": None,  # filled in once every job's device time is known
+        "persistent_bytes": None if fp is None else int(fp.persistent),
+        "staging_bytes": None if fp is None else int(fp.staging),
+        "ephemeral_bytes": None if fp is None else int(fp.ephemeral),
+        "program": None if j.program is None else j.program.key[:12],
+        "metrics": None if metrics is None else {str(k): _finite(v) for k, v in metrics.items()},
+        "error": j.error,
+    }
+
+
+def _finite(x: Any) -> float | None:
+    if x is None:
+        return None
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def _quantile(sorted_values: list[float], q: float) -> float | None:
+    """Linear interpolation between closest ranks (numpy's default); None for no values."""
+    if not sorted_values:
+        return None
+    pos = q * (len(sorted_values) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return float(sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo))
