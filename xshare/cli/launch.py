@@ -167,6 +167,9 @@ def _run(plan: Any, jobs: list[Any], run_dir: Path, out: Any, args: argparse.Nam
         highlight=False,
     )
     start = time.monotonic()
+    # XLA's persistent compilation cache: a relaunch of the same sweep compiles nothing.
+    from xshare.runtime.compiler import enable_persistent_cache
+    enable_persistent_cache()
     try:
         rt = xshare.Runtime(
             **rt_opts.as_kwargs(), log_dir=str(run_dir), checkpoint_dir=str(run_dir),
@@ -199,6 +202,10 @@ def _run(plan: Any, jobs: list[Any], run_dir: Path, out: Any, args: argparse.Nam
     finally:
         rt.close()
     rows = [_summary(h, run_dir, first_seen) for h in handles]
+    refused = [h for h in handles if isinstance(h.exception, AdmissionError)]
+    if refused and len(refused) == len(handles):
+        # Footprints are known once compiled (submit returns at once): no job can ever fit.
+        return _usage_error(f"{refused[0].exception}. Nothing was run.")
     out.print(render.summary_table(rows, time.monotonic() - start))
     failed = [r for r in rows if r.status == "failed"]
     for r in failed:

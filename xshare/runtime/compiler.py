@@ -251,3 +251,27 @@ def _job_for(fn: Callable) -> Any:
     if job is None:
         job = _JOBS[fn] = Job(fn)
     return job
+
+
+def persistent_cache_dir(path: str | None = None) -> str:
+    """Where ``xshare launch`` keeps XLA's persistent compilation cache: ``path``, else
+    ``$XSHARE_COMPILATION_CACHE``, else ``$XDG_CACHE_HOME/xshare/xla`` (``~/.cache/xshare/xla``)."""
+    import os
+
+    if path:
+        return str(path)
+    if os.environ.get("XSHARE_COMPILATION_CACHE"):
+        return os.environ["XSHARE_COMPILATION_CACHE"]
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "xshare", "xla")
+
+
+def enable_persistent_cache(path: str | None = None) -> str:
+    """Turn on JAX's persistent compilation cache in ``persistent_cache_dir(path)``, for every
+    program however quickly it compiles (a sweep's step compiles in well under JAX's default
+    1 s threshold), so a relaunch of the same jobs compiles nothing. Returns the directory."""
+    directory = persistent_cache_dir(path)
+    jax.config.update("jax_compilation_cache_dir", directory)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+    return directory

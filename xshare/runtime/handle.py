@@ -43,6 +43,12 @@ class JobHandle:
     def error(self) -> str | None:
         return self._rec.error
 
+    @property
+    def exception(self) -> BaseException | None:
+        """The exception behind ``error`` (e.g. ``AdmissionError`` for a job that can never
+        fit), or None."""
+        return self._rec.exception
+
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the job ends (done, failed or cancelled); False on timeout."""
         return self._rec.done_event.wait(timeout)
