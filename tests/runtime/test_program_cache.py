@@ -1,0 +1,85 @@
+"""Compile once per program: N jobs of one program share one executable, and jobs whose
+programs differ never share one (same shapes, different step functions or constants)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+import xshare
+from xshare.runtime.compiler import PROGRAMS
+from tests.helpers import assert_trees_equal, linreg_data, linreg_state, plain_loop
+
+
+def _sgd_step(lr: float):
+    """A new function object per call: a factory, as model zoos and sweeps write them."""
+    def step(state, batch):
+        def loss_fn(w):
+            return jnp.mean((batch["x"] @ w - batch["y"]) ** 2)
+        loss, g = jax.value_and_grad(loss_fn)(state["w"])
+        return {"w": state["w"] - lr * g, "n": state["n"] + 1}, {"loss": loss}
+    return step
+
+
+def _run(specs, **kw):
+    before = PROGRAMS.compiles
+    with xshare.Runtime(memory="256MiB", **kw) as rt:
+        handles = rt.submit_many(specs)
+        rt.wait()
+    for spec, h in zip(specs, handles):
+        assert_trees_equal(h.result()[0], plain_loop(spec)[0])
+    return PROGRAMS.compiles - before, handles
+
+
+def test_eight_jobs_bound_from_one_step_compile_once():
+    step = xshare.job(_sgd_step(0.031), name="once")
+    specs = [step.bind(linreg_state(dim=7, seed=i), linreg_data(dim=7, seed=i), steps=20, name=f"o{i}")
+             for i in range(8)]
+    compiles, handles = _run(specs, policy="pack")
+    assert compiles == 1
+    assert len({h._rec.program.key for h in handles}) == 1
+
+
+def test_jobs_from_separate_factory_calls_with_the_same_program_share_it():
+    specs = [xshare.job(_sgd_step(0.029)).bind(linreg_state(dim=6, seed=i), linreg_data(dim=6, seed=i),
+                                               steps=10, name=f"f{i}") for i in range(4)]
+    compiles, handles = _run(specs, policy="fifo")
+    assert compiles == 1  # four traces (four function objects), one XLA compile
+    assert len({h._rec.program.executable for h in handles}) == 1
+
+
+def test_same_shapes_but_different_constants_are_different_programs():
+    # lr is a compile-time constant of each closure: sharing an executable would train one job
+    # with the other's learning rate. Each must match its own plain loop (checked in _run).
+    specs = [xshare.job(_sgd_step(lr)).bind(linreg_state(dim=5, seed=0), linreg_data(dim=5, seed=0),
+                                            steps=15, name=f"lr{lr}") for lr in (0.01, 0.02)]
+    compiles, handles = _run(specs, policy="pack")
+    assert compiles == 2
+    assert handles[0]._rec.program.key != handles[1]._rec.program.key
+    assert not jnp.array_equal(handles[0].result()[0]["w"], handles[1].result()[0]["w"])
+
+
+def test_same_shapes_but_different_step_functions_are_different_programs():
+    def other(state, batch):
+        loss = jnp.mean(batch["x"] @ state["w"])
+        return {"w": state["w"] * 0.5, "n": state["n"] + 1}, {"loss": loss}
+
+    specs = [xshare.job(_sgd_step(0.05)).bind(linreg_state(dim=9), linreg_data(dim=9), steps=5, name="a"),
+             xshare.job(other).bind(linreg_state(dim=9), linreg_data(dim=9), steps=5, name="b")]
+    compiles, handles = _run(specs, policy="pack")
+    assert compiles == 2
+    assert handles[0]._rec.program.key != handles[1]._rec.program.key
+
+
+def test_submit_many_returns_before_compiling():
+    step = xshare.job(_sgd_step(0.027))
+    specs = [step.bind(linreg_state(dim=11, seed=i), linreg_data(dim=11, seed=i), steps=5, name=f"s{i}")
+             for i in range(16)]
+    with xshare.Runtime(memory="256MiB") as rt:
+        handles = rt.submit_many(specs)
+        # The program is new to this process, so nothing can have compiled yet: every job is
+        # handed back in the compiling state (compilation runs on the runtime's compile pool).
+        assert {h.status() for h in handles} <= {"compiling", "queued", "running"}
+        assert handles[-1].status() == "compiling"
+        rt.wait()
+    assert all(h.status() == "done" for h in handles)
