@@ -67,11 +67,12 @@ def add_bench(subparsers: argparse._SubParsersAction) -> None:
         help="benchmark sharing against exclusive allocation and one process per job",
         description=(
             "Run workloads of JAX jobs in several modes, alternating and repeated: exclusive (one job "
-            "at a time, plain loop), processes (one process per job) and xshare:<policy> (one runtime). "
-            "Reports makespan, average JCT, aggregate steps/s, peak memory, utilization (achieved "
-            "FLOP/s over a measured matmul peak) and inference latency, as medians with ratios to "
-            "exclusive; writes results.json, results.md and results.png under --out. Exit 0 when every "
-            "run succeeded, 1 when one failed, 2 on a usage error."
+            "at a time, plain loop), threads (plain loops side by side), processes (one process per job) "
+            "and xshare:<policy> (one runtime). Reports makespan, average JCT, aggregate steps/s, peak RSS "
+            "and inference latency as medians with paired ratios to exclusive, and the single-job "
+            "overhead; writes results.json, results.md and results.png under --out. Needs the bench "
+            "extra (pip install 'xshare[bench]'). Exit 0 when every run succeeded, 1 when one failed, "
+            "2 on a usage error."
         ),
         epilog=(
             "examples:\n"
