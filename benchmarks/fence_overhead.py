@@ -25,7 +25,7 @@ import jax
 import xshare
 from xshare import ffi
 
-from . import common
+from xshare.bench import harness as H
 from .steps import device_copy, model_job
 
 NAME = "fence_overhead"
@@ -90,7 +90,7 @@ def _compiled_stats(fn: Callable, spec: xshare.JobSpec) -> dict[str, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = common.parser(NAME, __doc__.split("\n\n")[0])
+    p = H.parser(NAME, __doc__.split("\n\n")[0])
     p.add_argument("--repeats", type=int, default=None, help="plain-loop chunk pairs")
     p.add_argument("--rt-repeats", type=int, default=None, help="runtime job pairs")
     args = p.parse_args(argv)
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"{NAME} needs the FFI fences: {ffi.unavailable_reason() or 'XSHARE_FFI=0'}")
     warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
 
-    info = common.machine()
+    info = H.machine()
     ring = ffi.open_ring(1 << 12)  # the plain loops' fences; drained (dropped) as they fill
     tiny = model_job("tiny", steps=chunk_tiny)
     mlp = model_job("mlp", steps=chunk_mlp, width=128, batch=64)  # models.mlp defaults
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for r in runtimes.values():
             r.close()
-    info = common.finish_machine(info)
+    info["load_avg_end"] = H._load()
 
     compiled = {m: {f: _compiled_stats(ffi.fenced(s.fn, ring_id=ring, job_id=3) if f else s.fn, s)
                     for f in (False, True)} for m, s in (("tiny", tiny), ("mlp", mlp))}
@@ -160,13 +160,13 @@ def main(argv: list[str] | None = None) -> int:
         off, on = times[name][False], times[name][True]
         diffs_us = [(b - a) * 1e6 for a, b in zip(off, on)]
         pct = [100 * (b - a) / a for a, b in zip(off, on)]
-        m_off, m_on = common.median(off), common.median(on)
-        rows.append([name, m_off * 1e6, m_on * 1e6, common.median(diffs_us), common.median(pct),
-                     f"{common.fmt(common.percentile(pct, 10))} .. {common.fmt(common.percentile(pct, 90))}",
+        m_off, m_on = H.median(off), H.median(on)
+        rows.append([name, m_off * 1e6, m_on * 1e6, H.median(diffs_us), H.median(pct),
+                     f"{H.fmt(H.summary(pct)['p10'])} .. {H.fmt(H.summary(pct)['p90'])}",
                      1 / m_off, 1 / m_on])
         results[name] = {"off_s_per_step": off, "on_s_per_step": on, "overhead_us_per_repeat": diffs_us,
-                         "overhead_pct_per_repeat": pct, "overhead_us_median": common.median(diffs_us),
-                         "overhead_pct_median": common.median(pct)}
+                         "overhead_pct_per_repeat": pct, "overhead_us_median": H.median(diffs_us),
+                         "overhead_pct_median": H.median(pct)}
     mlp_pct = {k: results[k]["overhead_pct_median"] for k in results if k.startswith("mlp")}
     notes = f"""
 ## What is measured
@@ -181,13 +181,13 @@ steps per chunk; the state carries over between chunks). Runtime: two long-lived
 excluded) to the job's end; with fences off the runtime times steps from the host instead. `mlp` = `models.mlp` defaults (width 128, depth 2,
 batch 64, Adam); `tiny` = a 16x16 matmul step.
 
-Target: < 2% on the MLP step. Medians: {", ".join(f"{k}: {common.fmt(v)}%" for k, v in mlp_pct.items())}.
+Target: < 2% on the MLP step. Medians: {", ".join(f"{k}: {H.fmt(v)}%" for k, v in mlp_pct.items())}.
 
 XLA's view of the donated compiled step, fences off -> on (a zero-copy fence would change
 neither): {"; ".join(f"{m}: temp {c[False]['temp_bytes']} -> {c[True]['temp_bytes']} B, copy "
                       f"instructions {c[False]['copies']} -> {c[True]['copies']}" for m, c in compiled.items())}.
 """
-    common.write_results(NAME, args.out, title="FFI fence overhead (fences on vs off)", columns=columns,
+    H.write_results(NAME, args.out, title="FFI fence overhead (fences on vs off)", columns=columns,
                          rows=rows, machine_info=info,
                          config={"repeats": repeats, "runtime_repeats": rt_repeats, "tiny_chunk": chunk_tiny,
                                  "mlp_chunk": chunk_mlp, "runtime_steps": n_rt,

@@ -29,8 +29,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import common
+from xshare.bench import harness as H
 
+REPO = Path(__file__).resolve().parents[1]
 NAME = "footprint_accuracy"
 
 # Each configuration runs twice: with glibc's default malloc, and with a fixed mmap threshold
@@ -142,12 +143,11 @@ def worker(model: str, kwargs: dict[str, Any], steps: int) -> dict[str, Any]:
 
     warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
     dev = jax.devices()[0]
-    mod = importlib.import_module(f"models.{model}")
+    mod = importlib.import_module(f"xshare.models.{model}")
     spec = mod.make_job(steps=steps, **kwargs)
     host = [spec.data(k) for k in range(steps)]
     ring = ffi.open_ring(1 << 10) if ffi.enabled() else None
-    cs = compile_step(spec.fn, spec.state, host[0], device=dev, name=spec.name, job_id=0, ring_id=ring,
-                      prefetch=2)
+    cs = compile_step(spec.fn, spec.state, host[0], device=dev, fenced=ring is not None, prefetch=2)
     fp = cs.footprint
     exe = cs.executable
     # The runtime's executable takes flat lists of leaves when compile_step says so (state_def).
@@ -160,11 +160,13 @@ def worker(model: str, kwargs: dict[str, Any], steps: int) -> dict[str, Any]:
     rss0 = _rss()
     with _Sampler() as sampler:
         state = flat(jax.device_put(spec.state, dev, may_alias=False))  # the runtime's own copy
+        # a fenced executable takes the fences' identity (ring, job, lane) as a third argument
+        ident = () if ring is None else (jax.device_put(ffi.ident(ring, 0, 0), dev),)
         jax.block_until_ready(state)
         rss_placed = _rss()
         for k in range(steps):
             batch = flat(jax.device_put(host[k], dev, may_alias=False))  # as the prefetcher does
-            state, metrics = exe(state, batch)
+            state, metrics = exe(state, batch, *ident)
             if ring is not None:
                 ffi.drain(ring)
         jax.block_until_ready((state, metrics))
@@ -196,14 +198,14 @@ def worker(model: str, kwargs: dict[str, Any], steps: int) -> dict[str, Any]:
 def _available(model: str) -> str | None:
     """None if ``models.<model>`` has a make_job, else why not."""
     try:
-        mod = importlib.import_module(f"models.{model}")
+        mod = importlib.import_module(f"xshare.models.{model}")
     except ImportError as err:
         return f"not importable ({err})"
     return None if hasattr(mod, "make_job") else "has no make_job"
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = common.parser(NAME, __doc__.split("\n\n")[0])
+    p = H.parser(NAME, __doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=None, help="steps run after placing the state")
     p.add_argument("--worker", default=None, help=argparse_hidden())
     p.add_argument("--kwargs", default="{}", help=argparse_hidden())
@@ -214,10 +216,10 @@ def main(argv: list[str] | None = None) -> int:
         args.result.write_text(json.dumps(worker(args.worker, json.loads(args.kwargs), steps)) + "\n")
         return 0
 
-    info = common.machine()
+    info = H.machine()
     configs = SMOKE_CONFIGS if args.smoke else CONFIGS
     runs, skipped = [], {}
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(common.REPO), os.environ.get("PYTHONPATH")])))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     with tempfile.TemporaryDirectory(prefix="xshare-fp-") as tmp:
         for i, (model, label, kwargs) in enumerate(configs):
             why = _available(model)
@@ -229,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
                 out = Path(tmp) / f"{i}-{alloc}.json"
                 cmd = [sys.executable, "-m", "benchmarks.footprint_accuracy", "--worker", model,
                        "--kwargs", json.dumps(kwargs), "--steps", str(steps), "--result", str(out)]
-                proc = subprocess.run(cmd, cwd=common.REPO, env={**env, **extra}, capture_output=True,
+                proc = subprocess.run(cmd, cwd=REPO, env={**env, **extra}, capture_output=True,
                                       text=True, timeout=900)
                 if proc.returncode != 0:
                     skipped[f"{model} {label}"] = f"worker failed: {proc.stderr.strip().splitlines()[-1:]}"
@@ -238,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 runs.append({"model": model, "label": label, "kwargs": kwargs, **row})
                 print(f"  {model} {label} done", flush=True)
-    info = common.finish_machine(info)
+    info["load_avg_end"] = H._load()
 
     on_gpu = any(r["default"].get("gpu_after") for r in runs)
     columns = ["model", "config", "P MiB", "E MiB", "predicted P+E MiB", "placement / P",
@@ -249,9 +251,9 @@ def main(argv: list[str] | None = None) -> int:
         d, m = r["default"], r["mmap64k"]
         gpu = d.get("gpu_growth_peak")
         rows.append([r["model"], r["label"], d["P"] / MIB, d["E"] / MIB, d["predicted_total"] / MIB,
-                     common.ratio(d["growth_placement"], d["P"]),
-                     d["growth_peak"] / MIB, common.ratio(d["growth_peak"], d["predicted_total"]),
-                     m["growth_peak"] / MIB, common.ratio(m["growth_peak"], m["predicted_total"]),
+                     H.ratio(d["growth_placement"], d["P"]),
+                     d["growth_peak"] / MIB, H.ratio(d["growth_peak"], d["predicted_total"]),
+                     m["growth_peak"] / MIB, H.ratio(m["growth_peak"], m["predicted_total"]),
                      d["growth_retained"] / MIB, m["growth_retained"] / MIB,
                      gpu / MIB if gpu is not None else None])
     skipped_s = "".join(f"\n* `models.{k}`: {v}" for k, v in skipped.items()) or " none"
@@ -305,7 +307,7 @@ CPU convolution kernels allocate for themselves (packing/im2col buffers).
 
 Models or configurations skipped:{skipped_s}
 """
-    common.write_results(NAME, args.out, title="Footprint accuracy: predicted (XLA) vs measured",
+    H.write_results(NAME, args.out, title="Footprint accuracy: predicted (XLA) vs measured",
                          columns=columns, rows=rows, machine_info=info,
                          config={"steps": steps, "configs": [{"model": m, "label": lab, "kwargs": kw}
                                                              for m, lab, kw in configs]},

@@ -25,22 +25,24 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import common
+from xshare.bench import harness as H
+
 from .trace import poisson_trace, save
 
+REPO = Path(__file__).resolve().parents[1]
 NAME = "jct_trace"
 POLICIES = ("fifo", "pack", "srtf", "srtf:2", "fair")  # srtf:2 = Runtime(slots=2): two shortest at once
 
 
 def _run(args: list[str], env: dict[str, str], timeout: float) -> None:
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.trace", *args], env=env, cwd=common.REPO,
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.trace", *args], env=env, cwd=REPO,
                           capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         raise RuntimeError(f"replay {' '.join(args)} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = common.parser(NAME, __doc__.split("\n\n")[0])
+    p = H.parser(NAME, __doc__.split("\n\n")[0])
     p.add_argument("--jobs", type=int, default=None, help="jobs in the trace (default 12)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeats", type=int, default=None, help="replays per policy (order alternates)")
@@ -58,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     if "fifo" not in policies:
         policies.insert(0, "fifo")
 
-    info = common.machine()
+    info = H.machine()
     trace = poisson_trace(n_jobs, seed=args.seed, mean_gap_s=mean_gap, min_steps=min_steps)
     results: dict[str, list[dict[str, Any]]] = {pol: [] for pol in policies}
     t_start = time.perf_counter()
@@ -68,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=str(tmp / "jax-cache"),
                    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
                    JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
-                   PYTHONPATH=os.pathsep.join(filter(None, [str(common.REPO), os.environ.get("PYTHONPATH")])))
+                   PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
         mem = ["--memory", args.memory] if args.memory else []
         _run(["--trace", str(tmp / "trace.json"), "--policy", "fifo", "--compile-only",
               "--result", str(tmp / "warm.json"), *mem], env, timeout=900)
@@ -82,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
                 results[pol].append(r)
                 print(f"  repeat {rep + 1}/{repeats} {pol:5s} avg JCT {r['avg_jct_s']:.2f} s, "
                       f"makespan {r['makespan_s']:.2f} s", flush=True)
-    info = common.finish_machine(info)
+    info["load_avg_end"] = H._load()
 
     fifo = results["fifo"]
     columns = ["policy", "avg JCT s", "median JCT s", "makespan s", "avg JCT / fifo", "makespan / fifo",
@@ -90,16 +92,16 @@ def main(argv: list[str] | None = None) -> int:
     rows, summary = [], {}
     for pol in policies:
         rs = results[pol]
-        jr = [common.ratio(r["avg_jct_s"], f["avg_jct_s"]) for r, f in zip(rs, fifo)]
-        mr = [common.ratio(r["makespan_s"], f["makespan_s"]) for r, f in zip(rs, fifo)]
+        jr = [H.ratio(r["avg_jct_s"], f["avg_jct_s"]) for r, f in zip(rs, fifo)]
+        mr = [H.ratio(r["makespan_s"], f["makespan_s"]) for r, f in zip(rs, fifo)]
         subs = [j["submit_s"] for r in rs for j in r["jobs"]]
         late = [j["late_s"] for r in rs for j in r["jobs"]]
         failed = sorted({n for r in rs for n in r["failed"]})
-        s = {"avg_jct_s": common.median(r["avg_jct_s"] for r in rs),
-             "median_jct_s": common.median(r["median_jct_s"] for r in rs),
-             "makespan_s": common.median(r["makespan_s"] for r in rs),
-             "avg_jct_over_fifo": common.median(jr), "makespan_over_fifo": common.median(mr),
-             "mean_submit_s": common.median(subs) if subs else None, "max_late_s": max(late) if late else None,
+        s = {"avg_jct_s": H.median(r["avg_jct_s"] for r in rs),
+             "median_jct_s": H.median(r["median_jct_s"] for r in rs),
+             "makespan_s": H.median(r["makespan_s"] for r in rs),
+             "avg_jct_over_fifo": H.median(jr), "makespan_over_fifo": H.median(mr),
+             "mean_submit_s": H.median(subs) if subs else None, "max_late_s": max(late) if late else None,
              "failed": failed}
         summary[pol] = s
         rows.append([pol, s["avg_jct_s"], s["median_jct_s"], s["makespan_s"], s["avg_jct_over_fifo"],
@@ -111,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     for tj in sorted(trace, key=lambda j: j.arrival_s):
         job_rows.append([tj.name, tj.arrival_s, tj.steps, tj.width]
                         + [first[pol][tj.name]["jct_s"] for pol in policies])
-    per_job = common.markdown_table(["job", "arrival s", "steps", "width"] + [f"JCT {p} s" for p in policies],
+    per_job = H.markdown_table(["job", "arrival s", "steps", "width"] + [f"JCT {p} s" for p in policies],
                                     job_rows)
     notes = f"""
 ## What is measured
@@ -140,7 +142,7 @@ Per-job JCT, first replay of each policy:
 
 {per_job}
 """
-    common.write_results(NAME, args.out, title="JCT on a Salus-like trace (same arrivals, each policy)",
+    H.write_results(NAME, args.out, title="JCT on a Salus-like trace (same arrivals, each policy)",
                          columns=columns, rows=rows, machine_info=info,
                          config={"jobs": n_jobs, "seed": args.seed, "repeats": repeats, "min_steps": min_steps,
                                  "spread": 10, "mean_gap_s": mean_gap, "policies": policies,

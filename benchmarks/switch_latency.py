@@ -24,10 +24,8 @@ are pooled over repeats for median and p99, and ratios use the per-repeat median
 from __future__ import annotations
 
 import math
-import threading
 import time
 import warnings
-from collections import defaultdict
 from typing import Any
 
 import jax
@@ -35,7 +33,7 @@ import jax
 import xshare
 from xshare import ffi
 
-from . import common
+from xshare.bench import harness as H
 from .steps import device_copy, model_job, one_lane_kwargs
 
 NAME = "switch_latency"
@@ -115,11 +113,10 @@ def _host_cpu_us(cpu_s: float, recs: list[tuple[int, int, int]], steps: int) -> 
     return max(cpu_s - exec_s, 0.0) / steps * 1e6
 
 
-def run_runtime(model: str, n_jobs: int, steps: int, burn: int,
-                runtime_cls: type = xshare.Runtime) -> dict[str, Any]:
+def run_runtime(model: str, n_jobs: int, steps: int, burn: int) -> dict[str, Any]:
     specs = [model_job(model, steps=steps, seed=i, name=f"{model}-{i}") for i in range(n_jobs)]
     lane_kw, how = one_lane_kwargs(specs) if n_jobs > 1 else ({}, "one job")
-    with runtime_cls(policy="pack", quantum=1, **lane_kw) as rt:
+    with xshare.Runtime(policy="pack", quantum=1, **lane_kw) as rt:
         handles = rt.submit_many(specs)
         cpu0, t0 = _cpu_s(), time.perf_counter()
         rt.wait()
@@ -140,48 +137,12 @@ def run_runtime(model: str, n_jobs: int, steps: int, burn: int,
                                         n_jobs * steps)}
 
 
-# Lane-worker phases timed by --profile (private Runtime methods: a phase that no longer
-# exists is skipped, so the profile degrades instead of breaking when the runtime changes).
-PHASES = {
-    "_pick": "pick (policy view + decision, lock held)",
-    "_dispatch": "dispatch (call the compiled step)",
-    "_complete": "complete (wait for the step + bookkeeping)",
-    "_drain_fences": "  of which: drain fences",
-    "_write_metrics": "  of which: write metrics",
-    "_chores": "chores scan",
-}
-
-
-def profiled_runtime() -> tuple[type, dict[str, list[int]]]:
-    """A Runtime subclass whose lane-worker phases accumulate [wall ns, thread CPU ns, calls]."""
-    acc: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
-
-    def wrap(name: str, fn):
-        def timed(self, *a, **k):
-            if not threading.current_thread().name.startswith("xshare-lane"):
-                return fn(self, *a, **k)
-            w, c = time.perf_counter_ns(), time.thread_time_ns()
-            try:
-                return fn(self, *a, **k)
-            finally:
-                slot = acc[name]
-                slot[0] += time.perf_counter_ns() - w
-                slot[1] += time.thread_time_ns() - c
-                slot[2] += 1
-        return timed
-
-    body = {n: wrap(n, getattr(xshare.Runtime, n)) for n in PHASES if hasattr(xshare.Runtime, n)}
-    return type("ProfiledRuntime", (xshare.Runtime,), body), acc
-
-
 def main(argv: list[str] | None = None) -> int:
-    p = common.parser(NAME, __doc__.split("\n\n")[0])
+    p = H.parser(NAME, __doc__.split("\n\n")[0])
     p.add_argument("--repeats", type=int, default=None)
     p.add_argument("--steps", type=int, default=None, help="steps per job per configuration")
     p.add_argument("--jobs", type=int, default=2, help="jobs interleaved in the one lane")
     p.add_argument("--models", default="tiny,mlp")
-    p.add_argument("--no-profile", action="store_true",
-                   help="skip the instrumented run that splits the lane worker's time into phases")
     args = p.parse_args(argv)
     repeats = args.repeats or (1 if args.smoke else 7)
     steps = args.steps or (30 if args.smoke else 600)
@@ -191,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"{NAME} needs the FFI fences: {ffi.unavailable_reason() or 'XSHARE_FFI=0'}")
 
     warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-    info = common.machine()
+    info = H.machine()
     floors = {m: PlainLoop(m, steps) for m in models}
     configs = [(m, kind) for m in models for kind in ("floor", "floor_fetch", "xshare_1", "xshare_n")]
     raw: dict[str, dict[str, list]] = {f"{m}/{k}": {"gaps": [], "switch": [], "medians": [], "switch_medians": [],
@@ -208,35 +169,22 @@ def main(argv: list[str] | None = None) -> int:
             if kind in ("floor", "floor_fetch"):
                 out = floors[m].run(burn, fetch=kind == "floor_fetch")
                 r["gaps"] += out["gaps_us"]
-                r["medians"].append(common.median(out["gaps_us"]))
+                r["medians"].append(H.median(out["gaps_us"]))
             else:
                 n = 1 if kind == "xshare_1" else args.jobs
                 out = run_runtime(m, n, steps, burn)
                 r["lanes"].append(out["lanes"])
                 r["gaps"] += out["same_us"]
-                r["medians"].append(common.median(out["same_us"]))
+                r["medians"].append(H.median(out["same_us"]))
                 if n > 1:
                     how = out["how"]
                     r["switch"] += out["switch_us"]
-                    r["switch_medians"].append(common.median(out["switch_us"]))
+                    r["switch_medians"].append(H.median(out["switch_us"]))
             r["step_us"] += out["step_us"]
             r["steps_per_s"].append(out["steps_per_s"])
             r["host_cpu_us"].append(out["host_cpu_us"])
             print(f"  repeat {rep + 1}/{repeats} {m:5s} {kind:12s} done", flush=True)
-    profile: dict[str, Any] = {}
-    if not args.no_profile:
-        for m in models:
-            cls, acc = profiled_runtime()
-            out = run_runtime(m, args.jobs, steps, burn, runtime_cls=cls)
-            n = args.jobs * steps
-            profile[m] = {name: {"label": PHASES[name], "wall_us_per_step": w / n / 1e3,
-                                 "cpu_us_per_step": c / n / 1e3, "calls": k}
-                          for name, (w, c, k) in acc.items()}
-            profile[m]["_run"] = {"step_us_median": common.median(out["step_us"]),
-                                  "switch_us_median": common.median(out["switch_us"]),
-                                  "host_cpu_us_per_step": out["host_cpu_us"]}
-            print(f"  profile {m} done", flush=True)
-    info = common.finish_machine(info)
+    info["load_avg_end"] = H._load()
 
     columns = ["step", "configuration", "gap kind", "n", "median µs", "p99 µs", "min µs",
                "ratio to floor", "step µs (median)", "steps/s", "host CPU µs/step"]
@@ -252,20 +200,20 @@ def main(argv: list[str] | None = None) -> int:
                 series = [("switch", r["switch"], r["switch_medians"])] + (
                     [("same job", r["gaps"], r["medians"])] if r["gaps"] else [])
             for gap_kind, gaps, meds in series:
-                per_rep = [x for x in (common.ratio(a, b) for a, b in zip(meds, floor_meds)) if not math.isnan(x)]
-                s = common.summary(gaps)
-                row_ratio = common.median(per_rep) if kind != "floor" else 1.0
+                per_rep = [x for x in (H.ratio(a, b) for a, b in zip(meds, floor_meds)) if not math.isnan(x)]
+                s = H.summary(gaps)
+                row_ratio = H.median(per_rep) if kind != "floor" else 1.0
                 rows.append([m, labels[kind], gap_kind, s["n"], s["median"], s["p99"], s["min"],
-                             row_ratio, common.median(r["step_us"]), common.median(r["steps_per_s"]),
-                             common.median(r["host_cpu_us"])])
+                             row_ratio, H.median(r["step_us"]), H.median(r["steps_per_s"]),
+                             H.median(r["host_cpu_us"])])
                 results[f"{m}/{kind}/{gap_kind}"] = {
                     "gaps_us": s, "median_per_repeat_us": meds, "ratio_to_floor_per_repeat": per_rep,
-                    "ratio_to_floor": row_ratio, "step_us": common.summary(r["step_us"]),
+                    "ratio_to_floor": row_ratio, "step_us": H.summary(r["step_us"]),
                     "steps_per_s_per_repeat": r["steps_per_s"], "lanes_per_repeat": r["lanes"],
                     "host_cpu_us_per_step_per_repeat": r["host_cpu_us"]}
     headline = {m: results.get(f"{m}/xshare_n/switch", {}).get("ratio_to_floor") for m in models}
     # The switch's own cost: switch gaps vs the runtime's same-job gaps (1 job), per repeat.
-    switch_vs_same = {m: common.median(common.ratio(a, b) for a, b in zip(
+    switch_vs_same = {m: H.median(H.ratio(a, b) for a, b in zip(
         raw[f"{m}/xshare_n"]["switch_medians"], raw[f"{m}/xshare_1"]["medians"])) for m in models}
     notes = f"""
 ## What is measured
@@ -292,45 +240,22 @@ configurations alternated (order reversed on odd repeats). Medians/p99 pool ever
 repeat; "ratio to floor" is the median over repeats of (that repeat's median gap / the same
 repeat's floor median gap). Target: switch/floor < 1.5x.
 
-Headline (switch median / floor median): {", ".join(f"{m}: {common.fmt(v)}x" for m, v in headline.items())}.
+Headline (switch median / floor median): {", ".join(f"{m}: {H.fmt(v)}x" for m, v in headline.items())}.
 Switch median / xshare same-job median (1 job), i.e. what switching jobs adds over the
-runtime's own step boundary: {", ".join(f"{m}: {common.fmt(v)}x" for m, v in switch_vs_same.items())}.
+runtime's own step boundary: {", ".join(f"{m}: {H.fmt(v)}x" for m, v in switch_vs_same.items())}.
 
 "host CPU µs/step" is the process's CPU time (all threads) over the timed window, minus the
 steps' own execution time (fence-measured), per step: what it costs the host to drive a step.
 On a CPU backend the "device" is the same cores, so this host work competes with the steps.
 """
-    notes += profile_notes(profile)
-    common.write_results(NAME, args.out, title="Job-switch latency (FFI fence gaps)", columns=columns,
+    H.write_results(NAME, args.out, title="Job-switch latency (FFI fence gaps)", columns=columns,
                          rows=rows, machine_info=info,
                          config={"repeats": repeats, "steps": steps, "burn": burn, "jobs": args.jobs,
                                  "models": models, "one_lane": how},
                          data={"results": results, "headline_switch_over_floor": headline,
-                               "switch_over_xshare_same_job": switch_vs_same,
-                               "profile": profile},
+                               "switch_over_xshare_same_job": switch_vs_same},
                          notes=notes, smoke=args.smoke)
     return 0
-
-
-def profile_notes(profile: dict[str, Any]) -> str:
-    if not profile:
-        return ""
-    out = ["", "## Where the lane worker's time goes (instrumented run, "
-               "one per step kind, same configuration as the N-job rows)", "",
-           "Per executed step, summed over the lane worker thread's calls. CPU = the thread's own "
-           "CPU time (`time.thread_time_ns`); wall - CPU = waiting (for the step, the lock, or a "
-           "core: this machine is shared). The wrappers that time the phases cost a few µs per "
-           "call themselves, so this run's gaps are larger than the table's.", ""]
-    for m, phases in profile.items():
-        run = phases["_run"]
-        rows = [[v["label"], v["wall_us_per_step"], v["cpu_us_per_step"], v["calls"]]
-                for k, v in sorted(phases.items(), key=lambda kv: list(PHASES).index(kv[0])
-                                   if kv[0] in PHASES else 99) if k != "_run"]
-        out += [f"**{m}** (step {common.fmt(run['step_us_median'])} µs, switch gap "
-                f"{common.fmt(run['switch_us_median'])} µs, process host CPU "
-                f"{common.fmt(run['host_cpu_us_per_step'])} µs/step):", "",
-                common.markdown_table(["phase", "wall µs/step", "CPU µs/step", "calls"], rows), ""]
-    return "\n".join(out) + "\n"
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Each benchmark script runs end to end with ``--smoke`` and writes well-formed results.
+"""Each benchmark script runs end to end with ``--smoke`` and writes well-formed results
+(through the shared harness, :mod:`xshare.bench.harness`).
 
 Only the files are checked, never the numbers: benchmarks are not timed tests (DESIGN.md), and
 a smoke configuration is far too small to mean anything.
@@ -52,19 +53,3 @@ def test_smoke_writes_results(name: str, tmp_path: Path) -> None:
     assert "Date: " in md
     # The summary table is printed too.
     assert columns[0] in proc.stdout
-
-
-def test_markdown_table_and_stats() -> None:
-    sys.path.insert(0, str(REPO))
-    from benchmarks import common
-
-    table = common.markdown_table(["a", "bb"], [[1.23456, None], ["x", float("nan")]])
-    lines = table.splitlines()
-    assert lines[0] == "| a    | bb  |"
-    assert lines[2] == "| 1.23 | n/a |"
-    assert lines[3] == "| x    | n/a |"
-    s = common.summary([1.0, 2.0, 3.0, 100.0])
-    assert s["n"] == 4 and s["median"] == 2.5 and s["max"] == 100.0
-    assert common.summary([])["n"] == 0
-    assert common.fmt(1234.5) == "1234" or common.fmt(1234.5) == "1235"
-    assert common.fmt(0.000123456) == "0.000123"
