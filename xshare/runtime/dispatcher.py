@@ -31,7 +31,7 @@ from ..memory import Admitted
 from .causes import dispatch_error, short_error
 from .plan import Plan
 from .records import JobRecord, now_s
-from .source import END, BatchMismatch, DataError
+from .source import END, FEED_ABOVE_S, BatchMismatch, DataError, produce
 from .states import Event, JobState, transition
 
 log = logging.getLogger("xshare.runtime")
@@ -64,6 +64,8 @@ class Dispatcher:
         self._idle = False
         self._wake = threading.Event()
         self.peak_in_flight_bytes = 0
+        self._log = recorder.log_dir is not None
+        self._rows: list = []
         self.thread = threading.Thread(target=self._main, name="xshare-dispatcher", daemon=True)
         self.thread.start()
 
@@ -112,6 +114,8 @@ class Dispatcher:
         if self._inflight:
             self._retire()
             return
+        if self._rows:
+            self._flush_rows()
         self._idle = True
         # Re-check after announcing idleness: a batch that landed in between has no one to wake.
         if self._events or (not self._draining and self._next() is not None):
@@ -138,11 +142,19 @@ class Dispatcher:
             plan = self._replan()
         if not plan:
             return None
+        li, pos = plan.lane, plan.idx[plan.lane]
+        job = plan.job_at(li, pos)
+        if not job.batches and job.source is not None:
+            # Cheap data is made here, right before the step, as a plain loop would; for fed
+            # jobs the feeder is behind (its thread was not scheduled): make it here too rather
+            # than idle, unless the feeder is making it right now.
+            produce(job, self.device, blocking=not _fed(job))
+        if job.batches:
+            return job, li, pos
         if self.policy.exclusive:
             # Exclusive policies give the device to the chosen jobs only: one waiting for its
             # data keeps it (the device idles, as under exclusive allocation).
-            li, pos = plan.lane, plan.idx[plan.lane]
-            return (plan.job_at(li, pos), li, pos) if plan.job_at(li, pos).batches else None
+            return None
         for li, pos in plan.candidates():
             job = plan.job_at(li, pos)
             if job.batches:
@@ -167,7 +179,9 @@ class Dispatcher:
                           quantum=self.quantum, slots=self.slots)
         decision, self._policy_state = self.policy.pick(view, self._policy_state)
         rotations = [[self._running[i] for i in decision.order[lane]] for lane in sorted(decision.run)]
-        period = max(sum(len(r) for r in rotations) * self.quantum, len(views))
+        # Asked again after a few full rotations (and on every event): a View costs O(jobs), so
+        # this keeps the policy's share of each step's host time small and flat in N.
+        period = max(4 * sum(len(r) for r in rotations) * self.quantum, len(views), 256)
         plan = Plan(rotations, self.quantum, period=period)
         plan.start_turns(lambda job: job.turn_steps if self._lane_current.get(job.lane) is job else 0)
         self._plan, self._dirty = plan, False
@@ -187,7 +201,8 @@ class Dispatcher:
             self._dirty = True
             self._settle(job)
             return
-        self.feeder.request(job)
+        if _fed(job):
+            self.feeder.request(job)
         program = job.program
         step = job.spec.start_step + job.dispatched
         t = time.monotonic_ns()  # CLOCK_MONOTONIC, the fences' clock too
@@ -215,9 +230,10 @@ class Dispatcher:
             job.turn_steps = 1
         self._plan.stepped(li, pos)
         self._inflight.append((job, step, outs[1], t))
-        if job.steps_left == 0:
+        left = job.steps_left
+        if left == 0:
             self._dirty = True  # it leaves the rotation; it finishes when its steps retire
-        elif self.checkpoint_every and (step + 1) % self.checkpoint_every == 0:
+        elif self.checkpoint_every and (step + 1) % self.checkpoint_every == 0 and left:
             # Its next step would consume (donate) this state: copy it out first.
             self._drain_inflight()
             if job.error is None and not job.terminal:
@@ -240,8 +256,12 @@ class Dispatcher:
             job.last_values = values
             if job.spec.observer is not None:
                 self._observe(job, step, values, t_end)
-            if self.recorder.log_dir is not None:
-                self.recorder.metrics(job, step, t_end / 1e9, values, job.extra_metrics)
+            if self._log:
+                # Handed to the recorder in batches: a queue put per step would wake its thread
+                # per step, and the two threads would take turns at the GIL.
+                self._rows.append((job, step, t_end / 1e9, values, job.extra_metrics))
+                if len(self._rows) >= 256:
+                    self._flush_rows()
             if job.spec.nan_policy == "fail" and not np.isfinite(values).all():
                 bad = [k for k, v in job.last_metrics.items() if not np.isfinite(v)]
                 self._fail(job, f"non-finite metric {bad[0]}={job.last_metrics[bad[0]]} at step {step} "
@@ -250,6 +270,10 @@ class Dispatcher:
                 self.timeline.host_step(job, t, t_end)
         if job.in_flight == 0:
             self._settle(job)
+
+    def _flush_rows(self) -> None:
+        rows, self._rows = self._rows, []
+        self.recorder.metrics_rows(rows)
 
     def _drain_inflight(self) -> None:
         while self._inflight:
@@ -343,6 +367,7 @@ class Dispatcher:
         if first:
             job.started_s = now_s() - self.t0
             job.queue_wait_s = job.started_s - (job.compiled_s if job.compiled_s is not None else job.arrival_s)
+        job.prefetch_depth = self.prefetch
         want = self.prefetch - len(job.batches)
         if want > 0 and job.source is not None:
             self.feeder.request(job, want)
@@ -376,6 +401,7 @@ class Dispatcher:
     def _save(self, job: JobRecord, *, done: bool) -> None:
         if self.checkpoint_dir is None:
             return
+        self._flush_rows()
         arrays = job.arrays if job.arrays is not None else job.host_arrays
         if arrays is None:
             return
@@ -411,6 +437,8 @@ class Dispatcher:
         job.source = None
         job.batches.clear()
         self._dirty = True
+        if self._rows:
+            self._flush_rows()
         self.recorder.line(job, f"{job.state.value} after {job.steps_done} steps")
         self.recorder.close_job(job)
         self.jobs.pop(job.id, None)
@@ -523,6 +551,11 @@ class Dispatcher:
         for job in list(self.jobs.values()):
             self._finalize(job, Event.CANCEL)
         self._exit = True
+
+
+def _fed(job: JobRecord) -> bool:
+    """Whether the feeder threads make this job's batches ahead (see source.FEED_ABOVE_S)."""
+    return job.data_s is not None and job.data_s > FEED_ABOVE_S
 
 
 def _not_live(job: JobRecord, what: str):

@@ -69,12 +69,13 @@ def families(doc: Mapping[str, Any]) -> Iterator[Metric]:
             yield GaugeMetricFamily(name, help_, value)
 
     for key, help_ in _ARENA:
-        yield GaugeMetricFamily(f"xshare_arena_{key}_bytes", help_, arena[f"{key}_bytes"])
+        if arena.get(f"{key}_bytes") is not None:  # largest_gap: only runtimes that kept offsets
+            yield GaugeMetricFamily(f"xshare_arena_{key}_bytes", help_, arena[f"{key}_bytes"])
     yield GaugeMetricFamily("xshare_arena_queued_jobs", "Jobs waiting for memory in the arena's queue.",
                             arena["queued_jobs"])
 
     for field, help_ in _LANE:
-        yield _family(f"xshare_lane_{field}", help_, ("lane",), [((ln["id"],), ln[field]) for ln in lanes])
+        yield _family(f"xshare_lane_{field}", help_, ("lane",), [((ln["id"],), ln.get(field)) for ln in lanes])
     yield _family("xshare_lane_jobs", "Jobs that are members of the lane.", ("lane",),
                   [((ln["id"],), len(ln["jobs"])) for ln in lanes])
 
@@ -113,7 +114,7 @@ def _step_seconds(jobs: list[Mapping[str, Any]]) -> Metric:
     """Histogram of every measured step when the document has the buckets, else a summary of
     the recent steps' quantiles (OpenMetrics allows a summary without count and sum)."""
     name = "xshare_job_step_seconds"
-    if jobs and all(j.get("step_time_histogram") for j in jobs):
+    if jobs and all(j.get("step_time_histogram") for j in jobs):  # optional in v1: the runtime fills it
         family = HistogramMetricFamily(name, "Device seconds per step, every measured step.", labels=["job_name"])
         for j in jobs:
             h = j["step_time_histogram"]

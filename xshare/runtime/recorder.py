@@ -60,9 +60,10 @@ class Recorder:
         if self.log_dir is not None:
             self._queue.put((self._line, (job, text)))
 
-    def metrics(self, job: Any, step: int, t_s: float, values: Any, extra: dict | None) -> None:
-        """A step's metrics row (``values`` is the packed vector; names come from the program)."""
-        self._queue.put((self._metrics, (job, step, t_s, values, extra)))
+    def metrics_rows(self, rows: list) -> None:
+        """Steps' metrics rows ``(job, step, t_s, values, extra)``, in order (``values`` is the
+        packed vector; the names come from the job's program)."""
+        self._queue.put((self._metrics_rows, (rows,)))
 
     def checkpoint(self, job: Any, step: int, state: Any, metrics: dict | None, *, done: bool) -> None:
         """Write ``state`` (already on the host) as the job's checkpoint after ``step`` steps."""
@@ -148,18 +149,19 @@ class Recorder:
         except OSError as err:
             self._broke(job, "writing log.txt", err)
 
-    def _metrics(self, job: Any, step: int, t_s: float, values: Any, extra: dict | None) -> None:
-        f = self._files.get(job.id)
-        if f is None:
-            return
-        row = {"step": step, "time_s": round(t_s - self.t0, 6),
-               **dict(zip(job.program.metric_names, values.tolist()))}
-        if extra:
-            row.update(extra)
-        try:
-            f.write(json.dumps(row) + "\n")
-        except (OSError, ValueError) as err:
-            self._broke(job, "writing metrics.jsonl", err)
+    def _metrics_rows(self, rows: list) -> None:
+        for job, step, t_s, values, extra in rows:
+            f = self._files.get(job.id)
+            if f is None:
+                continue
+            row = {"step": step, "time_s": round(t_s - self.t0, 6),
+                   **dict(zip(job.program.metric_names, values.tolist()))}
+            if extra:
+                row.update(extra)
+            try:
+                f.write(json.dumps(row) + "\n")
+            except (OSError, ValueError) as err:
+                self._broke(job, "writing metrics.jsonl", err)
 
     def _checkpoint(self, job: Any, step: int, state: Any, metrics: dict | None, done: bool) -> None:
         f = self._files.get(job.id)

@@ -62,6 +62,9 @@ class JobRecord:
     host_arrays: Any = None
     ident: Any = None                     # int32[3] (ring, job, lane) on the device, for the fences
     batches: deque = field(default_factory=deque)   # prefetched device batches (and END/DataError)
+    feed_lock: threading.Lock = field(default_factory=threading.Lock)  # one producer at a time
+    prefetch_depth: int = 2
+    data_s: float | None = None           # measured time to make one batch (EMA)
     # Counters (the dispatcher's).
     dispatched: int = 0                   # steps dispatched since start_step
     steps_done: int = 0                   # steps completed since start_step

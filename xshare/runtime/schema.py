@@ -57,7 +57,7 @@ STATUS_SCHEMA: dict[str, Any] = {
             "fences": {"type": "boolean"},
             "quantum": {"type": "integer", "minimum": 1},
             "closed": {"type": "boolean"},
-        }),
+        }, optional={"xla_compiles": _NN_INT}),
         "device": _obj({
             "platform": {"type": "string"},
             "kind": {"type": "string"},
@@ -72,14 +72,12 @@ STATUS_SCHEMA: dict[str, Any] = {
             "capacity_source": {"type": "string"},
             "committed_bytes": _NN_INT,
             "free_bytes": _NN_INT,
-            "largest_gap_bytes": _NN_INT,
             "peak_in_flight_bytes": _NN_INT,
             "queued_jobs": _NN_INT,
             "queue": {"type": "array", "items": {"type": "string"}},
-        }),
+        }, optional={"largest_gap_bytes": _NN_INT}),  # runtimes that kept fictional offsets
         "lanes": {"type": "array", "items": _obj({
             "id": _NN_INT,
-            "offset_bytes": _NN_INT,
             "size_bytes": _NN_INT,
             "persistent_bytes": _NN_INT,
             "ephemeral_bytes": _NN_INT,
@@ -88,7 +86,7 @@ STATUS_SCHEMA: dict[str, Any] = {
             "steps_in_flight": _NN_INT,
             "jobs": {"type": "array", "items": {"type": "string"}},
             "swapped_jobs": {"type": "array", "items": {"type": "string"}},
-        })},
+        }, optional={"offset_bytes": _NN_INT})},
         "jobs": {"type": "array", "items": _obj({
             "name": {"type": "string"},
             "id": _NN_INT,
@@ -113,7 +111,10 @@ STATUS_SCHEMA: dict[str, Any] = {
             "metrics": {"type": ["object", "null"],
                         "additionalProperties": {"type": ["number", "null"]}},
             "error": _OPT_STR,
-        }, optional={"step_time_histogram": _HISTOGRAM})},
+        }, optional={"step_time_histogram": _HISTOGRAM,
+                     "state": {"type": "string"},                       # the runtime's finer job state
+                     "step_times_s": {"type": "array", "items": _NN_NUM},  # the most recent step times
+                     "program": _OPT_STR})},                            # the shared program's key
     }),
 }
 

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 import jax
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,60 @@ class BatchSource:
         return item
 
 
+# A job whose batches take longer than this to make is fed by the feeder threads, ahead of its
+# steps, so making them overlaps the device's work. Cheaper data is made by the dispatcher right
+# before the step, as a plain loop would: handing a batch between threads costs more than that
+# (a queue put, a thread wake-up, and the two threads taking turns at the GIL).
+FEED_ABOVE_S = 100e-6
+
+
+def produce(job: Any, device: Any, *, blocking: bool = True) -> bool:
+    """Produce ``job``'s next batch into ``job.batches`` (a batch as flat leaves, ``END``, or a
+    ``DataError``); False if another thread is producing for it right now (``blocking=False``).
+
+    The job's feed lock serializes production, so batches land in step order whichever thread
+    (a feeder, or the dispatcher when the feeder is behind) makes them.
+    """
+    # Uncontended (the usual case) a non-blocking acquire never gives up the GIL.
+    if not job.feed_lock.acquire(False) and not (blocking and job.feed_lock.acquire()):
+        return False
+    try:
+        source = job.source
+        if source is None or job.data_done:
+            return True  # ended, or ran dry, since it asked
+        step = source.next_step
+        t0 = time.perf_counter()
+        try:
+            batch = source.next()
+            if batch is not END:
+                leaves, treedef = jax.tree.flatten(batch)
+                if treedef != job.program.batch_def:
+                    raise BatchMismatch(f"batch {step} does not match the compiled step: its structure "
+                                        f"is {treedef}, expected {job.program.batch_def}")
+                batch = _own(leaves, device)
+        except BaseException as err:  # noqa: BLE001 - any failure of user data fails the job
+            batch = DataError(step, err)
+        dt = time.perf_counter() - t0
+        job.data_s = dt if job.data_s is None else 0.8 * job.data_s + 0.2 * dt
+        job.batches.append(batch)
+        if batch is END or isinstance(batch, DataError):
+            job.source = None  # produce nothing more for it
+        return True
+    finally:
+        job.feed_lock.release()
+
+
+def _own(leaves: list, device: Any) -> list:
+    """Batch leaves the runtime owns (it donates every batch, so it must never consume an array
+    the user still holds). On CPU a numpy copy is all it takes, and the executable's C++ call
+    path takes numpy at a few microseconds where ``device_put`` costs tens; elsewhere the
+    ``device_put`` starts the host-to-device copy now, overlapping other jobs' steps."""
+    if device.platform == "cpu":
+        return [np.array(x, copy=True) if not isinstance(x, jax.Array)
+                else jax.device_put(x, device, may_alias=False) for x in leaves]
+    return jax.device_put(leaves, device, may_alias=False)
+
+
 class Feeder:
     """A few prefetch threads for every job (not one per job: threads must not grow with jobs).
     Each job is served by one of them (``job.id % workers``), so its batches come in order.
@@ -115,6 +171,8 @@ class Feeder:
                 return
             if job.data_done or job.terminal or job.source is None:
                 continue  # ended (or ran dry) since it asked
+            if len(job.batches) >= job.prefetch_depth:
+                continue  # the dispatcher made this one itself while we were behind
             try:
                 self._produce(job)
             except BaseException:  # noqa: BLE001 - never let the one feeder thread die
@@ -122,22 +180,5 @@ class Feeder:
                 logging.getLogger("xshare.runtime").exception("feeder: job %r", job.name)
 
     def _produce(self, job: Any) -> None:
-        source = job.source
-        step = source.next_step
-        try:
-            batch = source.next()
-            if batch is not END:
-                leaves, treedef = jax.tree.flatten(batch)
-                if treedef != job.program.batch_def:
-                    raise BatchMismatch(f"batch {step} does not match the compiled step: its structure "
-                                        f"is {treedef}, expected {job.program.batch_def}")
-                # Flat leaves: the compiled step takes them so (see compiler._flat_step).
-                # may_alias=False: the runtime donates its batches, so it must own them and
-                # never consume an array the user still holds.
-                batch = jax.device_put(leaves, self.device, may_alias=False)
-        except BaseException as err:  # noqa: BLE001 - any failure of user data fails the job
-            batch = DataError(step, err)
-        job.batches.append(batch)
-        if batch is END or isinstance(batch, DataError):
-            job.source = None  # produce nothing more for it
+        produce(job, self.device)
         self._on_ready()

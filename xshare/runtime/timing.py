@@ -1,9 +1,11 @@
 """The device timeline: FFI fence records paired into executed steps, per-job device time,
 and the measured step times and FLOP rate the policies read.
 
-With fences, the recorder thread drains the ring every few tens of milliseconds (never the
-dispatcher: pairing records costs more host time than a small step). Without fences, the
-dispatcher records host times when it retires a step. The timeline keeps a bounded window.
+With fences, the recorder thread drains the ring every few tens of milliseconds, never the
+dispatcher, and pairs records with numpy, a chunk at a time: pairing them one by one in Python
+would cost about as much host time as dispatching the steps did. Without fences, the
+dispatcher records host times when it retires a step (a few attribute updates). The timeline
+keeps a bounded window of steps.
 """
 
 from __future__ import annotations
@@ -12,56 +14,101 @@ import threading
 from collections import deque
 from typing import Any, Callable
 
+import numpy as np
+
 from .. import ffi
 from .records import StepRecord
 
-_EMA = 0.2  # weight of the newest step in the measured step-time and FLOP-rate estimates
+_EMA = 0.2  # weight of the newest measurement in the step-time and FLOP-rate estimates
 
 
 class Timeline:
     def __init__(self, ring: int | None, lookup: Callable[[int], Any], *, window: int = 100_000):
         self.ring = ring
         self._lookup = lookup               # job id -> JobRecord (or None once forgotten)
-        self.records: deque[StepRecord] = deque(maxlen=window)
+        self.window = window
+        self._chunks: deque[np.ndarray] = deque()   # paired fence steps, (job, lane, step, t0, t1)
+        self._held = 0
+        self._host: deque[tuple] = deque(maxlen=window)  # host-timed steps, same fields
         self.flops_per_s: float | None = None
-        self._open_begins: dict[int, int] = {}
+        self._open: dict[int, int] = {}     # job id -> t of a begin whose end is not drained yet
         self._last_end: int = 0             # host timing: the previous step's end
         self._lock = threading.Lock()
 
+    # ------------------------------------------------------------------ fences (recorder thread)
     def drain(self) -> None:
-        """Pair begin/end fence events into executed-step records."""
+        """Pair begin/end fence events (drained from the ring) into executed steps."""
         if self.ring is None:
             return
         with self._lock:
-            for ev in ffi.drain(self.ring):
-                jid, t = int(ev["job"]), int(ev["t_ns"])
-                if ev["kind"] == 0:
-                    self._open_begins[jid] = t
-                    continue
-                t0 = self._open_begins.pop(jid, None)
-                job = self._lookup(jid)
-                if t0 is not None and job is not None:
-                    self.record(job, int(ev["lane"]), t0, t)
+            events = ffi.drain(self.ring)
+            if len(events):
+                self._pair(events)
 
+    def _pair(self, events: np.ndarray) -> None:
+        events = events[np.argsort(events["seq"], kind="stable")]
+        jobs = events["job"]
+        for jid in np.unique(jobs):
+            mine = events[jobs == jid]
+            begins = mine["t_ns"][mine["kind"] == 0]
+            ends = mine[mine["kind"] == 1]
+            # A job's steps run one after another: its k-th end closes its k-th open begin.
+            if int(jid) in self._open:
+                begins = np.concatenate([[self._open.pop(int(jid))], begins])
+            n = min(len(begins), len(ends))
+            if len(begins) > n:
+                self._open[int(jid)] = int(begins[n])
+            job = self._lookup(int(jid))
+            if job is None or n == 0:
+                continue
+            t0, t1 = begins[:n].astype(np.int64), ends["t_ns"][:n].astype(np.int64)
+            chunk = np.empty(n, _STEP)
+            chunk["job"], chunk["lane"], chunk["t0"], chunk["t1"] = jid, ends["lane"][:n], t0, t1
+            chunk["step"] = job.spec.start_step + job.steps_recorded + np.arange(n)
+            job.steps_recorded += n
+            self._account(job, np.maximum(t1 - t0, 0) / 1e9)
+            self._chunks.append(chunk)
+            self._held += n
+        while self._held > self.window and len(self._chunks) > 1:
+            self._held -= len(self._chunks.popleft())
+
+    def _account(self, job: Any, dts: np.ndarray) -> None:
+        total = float(dts.sum())
+        job.device_time_s += total
+        job.step_times.extend(dts[-job.step_times.maxlen:].tolist())
+        mean = total / len(dts)
+        job.step_time_s = mean if job.step_time_s is None else (1 - _EMA) * job.step_time_s + _EMA * mean
+        flops = job.program.flops if job.program is not None else None
+        if flops and mean > 0:
+            rate = flops / mean
+            self.flops_per_s = rate if self.flops_per_s is None else (1 - _EMA) * self.flops_per_s + _EMA * rate
+
+    # ------------------------------------------------------------------ host times (dispatcher)
     def host_step(self, job: Any, t_dispatch_ns: int, t_end_ns: int) -> None:
         """Without fences: a step ran from its dispatch or the previous step's end, whichever
         was later (steps of one runtime run one after another), to when the host saw it end."""
         t0 = max(t_dispatch_ns, self._last_end)
         self._last_end = t_end_ns
-        self.record(job, job.lane if job.lane is not None else -1, t0, t_end_ns)
-
-    def record(self, job: Any, lane: int, t0: int, t1: int) -> None:
-        dt = max(t1 - t0, 0) / 1e9
+        dt = (t_end_ns - t0) / 1e9
         job.device_time_s += dt
         job.step_times.append(dt)
         job.step_time_s = dt if job.step_time_s is None else (1 - _EMA) * job.step_time_s + _EMA * dt
-        flops = job.program.flops if job.program is not None else None
+        flops = job.program.flops
         if flops and dt > 0:
             rate = flops / dt
             self.flops_per_s = rate if self.flops_per_s is None else (1 - _EMA) * self.flops_per_s + _EMA * rate
-        self.records.append(StepRecord(job.id, lane, job.spec.start_step + job.steps_recorded, t0, t1))
+        self._host.append((job.id, -1 if job.lane is None else job.lane,
+                           job.spec.start_step + job.steps_recorded, t0, t_end_ns))
         job.steps_recorded += 1
 
     def steps(self) -> list[StepRecord]:
+        """Every step in the window, in start order."""
         self.drain()
-        return sorted(self.records, key=lambda r: r.t_begin_ns)
+        with self._lock:
+            rows = [StepRecord(int(j), int(l), int(s), int(a), int(b))
+                    for chunk in self._chunks for j, l, s, a, b in chunk.tolist()]
+        rows += [StepRecord(*r) for r in list(self._host)]
+        return sorted(rows, key=lambda r: r.t_begin_ns)
+
+
+_STEP = np.dtype([("job", "i4"), ("lane", "i4"), ("step", "i8"), ("t0", "i8"), ("t1", "i8")])
