@@ -93,7 +93,7 @@ def _arena_line(s: dict[str, Any]) -> Any:
 
 
 def _arena_bar(s: dict[str, Any], colors: dict[str, str], width: int) -> Any:
-    """The arena, in offset order: each lane's jobs (persistent + staged bytes), the lane's
+    """The arena, lane by lane (in offset order where a runtime reports offsets): each lane's jobs (persistent + staged bytes), the lane's
     shared ephemeral region (░), and free space (·). A used segment gets at least one cell,
     so a job of a few KiB in a GiB arena is still visible."""
     from rich.text import Text
@@ -102,18 +102,19 @@ def _arena_bar(s: dict[str, Any], colors: dict[str, str], width: int) -> Any:
     cap = max(a["capacity_bytes"], 1)
     segments: list[tuple[str, int, str]] = []  # (char, bytes, style); char " " marks free space
     cursor = 0
-    for lane in sorted(s["lanes"], key=lambda ln: ln["offset_bytes"]):
+    for lane in sorted(s["lanes"], key=lambda ln: (ln.get("offset_bytes", 0), ln["id"])):
         if lane["size_bytes"] == 0:
             continue
-        if lane["offset_bytes"] > cursor:
-            segments.append((" ", lane["offset_bytes"] - cursor, "dim"))
+        offset = lane.get("offset_bytes", cursor)  # lanes are reservations: no offsets in newer runtimes
+        if offset > cursor:
+            segments.append((" ", offset - cursor, "dim"))
         members = [jobs[n] for n in lane["jobs"] if n in jobs and n not in lane["swapped_jobs"]]
         for j in members:
             b = (j["persistent_bytes"] or 0) + (j["staging_bytes"] or 0)
             segments.append(("█", b, colors.get(j["name"], "white")))
         first = colors.get(members[0]["name"], "white") if members else "white"
         segments.append(("░", lane["ephemeral_bytes"], first))
-        cursor = lane["offset_bytes"] + lane["size_bytes"]
+        cursor = offset + lane["size_bytes"]
     if cap > cursor:
         segments.append((" ", cap - cursor, "dim"))
     used = [max(1, round(b / cap * width)) if c != " " and b > 0 else 0 for c, b, _ in segments]
@@ -143,7 +144,8 @@ def _lanes_table(s: dict[str, Any], width: int) -> Any:
     from rich.text import Text
 
     columns = [("lane", 0, lambda ln: str(ln["id"])),
-               ("offset", _WIDE, lambda ln: format_bytes(ln["offset_bytes"])),
+               ("offset", _WIDE if any("offset_bytes" in ln for ln in s["lanes"]) else 10**9,
+                lambda ln: format_bytes(ln["offset_bytes"])),
                ("size", 0, lambda ln: format_bytes(ln["size_bytes"])),
                ("persistent", _MEDIUM, lambda ln: format_bytes(ln["persistent_bytes"])),
                ("ephemeral", _MEDIUM, lambda ln: format_bytes(ln["ephemeral_bytes"])),
