@@ -141,7 +141,7 @@ def test_metrics_is_prometheus_text_with_the_expected_names(runtime_dir):
                 "xshare_arena_free_bytes": "gauge", "xshare_lane_in_use_bytes": "gauge",
                 "xshare_job_steps": "counter", "xshare_job_device_seconds": "counter",
                 "xshare_job_step_seconds": "summary", "xshare_job_steps_per_second": "gauge",
-                "xshare_job_metric": "gauge", "xshare_runtime": "info"}
+                "xshare_job_metric": "gauge", "xshare_runtime_info": "gauge"}
     for name, kind in expected.items():
         assert families[name].type == kind, name
     assert samples(families["xshare_arena_capacity_bytes"]) == {(): 64.0 * 2**20}

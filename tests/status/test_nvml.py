@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import jax
 
 from xshare.runtime import nvml
-from xshare.runtime.status import snapshot, validate
+from xshare.runtime.status import validate
 
 from tests.status import runtime_dir, serving  # noqa: F401
 
@@ -103,7 +103,7 @@ def test_status_carries_nvml_figures_when_there_are_some(runtime_dir, monkeypatc
     monkeypatch.setattr(nvml, "LIBRARY", lib)
     monkeypatch.setattr(nvml, "nvml_index", lambda device: 0)  # pretend the CPU is GPU 0
     with serving(("alpha",)) as rt:
-        s = snapshot(rt)
+        s = rt.snapshot()
     assert validate(s) == []
     assert s["device"]["name"] == "NVIDIA Fake 80GB" and s["device"]["utilization_percent"] == 37.0
     assert s["device"]["memory_used_bytes"] == 3 << 30 and s["device"]["memory_total_bytes"] == 80 << 30

@@ -157,16 +157,6 @@ class StatusServer:
         return f"StatusServer({self.address}, running={self._httpd is not None})"
 
 
-def _snapshot(rt: Any) -> dict[str, Any]:
-    """The runtime's status document, from its public ``snapshot()``."""
-    method = getattr(rt, "snapshot", None)
-    if method is None:  # until Runtime.snapshot() lands: the same document, built from outside
-        from . import status
-
-        return status.snapshot(rt)
-    return method()
-
-
 class _Reply(Exception):
     """Ends a request with an HTTP status and a JSON body."""
 
@@ -243,12 +233,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     # -------------------------------------------------------------- reads
     def _get_status(self, method: str) -> None:
-        self._send_json(200, _snapshot(self.server.runtime), head=method == "HEAD")
+        self._send_json(200, self.server.runtime.snapshot(), head=method == "HEAD")
 
     def _get_metrics(self, method: str) -> None:
         from . import metrics  # prometheus_client: loaded on the first scrape, not with the runtime
 
-        body = metrics.exposition(_snapshot(self.server.runtime))
+        body = metrics.exposition(self.server.runtime.snapshot())
         self._send(200, body, metrics.CONTENT_TYPE, head=method == "HEAD")
 
     # -------------------------------------------------------------- control
