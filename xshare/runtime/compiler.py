@@ -54,6 +54,7 @@ class CompiledStep:
     state_def: Any                  # treedefs to rebuild the user's pytrees from flat leaves
     batch_def: Any
     key: str                        # the program key (hex)
+    flat: Callable | None = None    # the unfenced step over flat leaves (fused sweeps vmap it)
 
     def step_time_estimate_s(self, flops_per_s: float | None = None) -> float:
         """Seconds per step from ``cost_analysis()`` FLOPs at ``flops_per_s`` (the rate the
@@ -152,6 +153,7 @@ class ProgramCache:
                 return fut.result()
             try:
                 if fenced:
+                    ffi.ensure_loaded()  # the handlers must be registered before XLA compiles
                     ident = jax.ShapeDtypeStruct((3,), np.int32,
                                                  sharding=jax.sharding.SingleDeviceSharding(device))
                     lowered = jax.jit(ffi.fenced(flat, donated=True), donate_argnums=donate
@@ -165,7 +167,7 @@ class ProgramCache:
                     compiled.memory_analysis(), state_bytes=tree_nbytes(state_struct),
                     batch_bytes=tree_nbytes(batch_struct), prefetch=0, job=job.name)
                 result = CompiledStep(compiled, footprint, names[0], _flops(compiled), state_struct,
-                                      batch_struct, fenced, state_def, batch_def, key)
+                                      batch_struct, fenced, state_def, batch_def, key, flat)
             except BaseException as err:
                 with self._lock:
                     del self._programs[key]

@@ -13,6 +13,7 @@ stream never waits on Python between steps; on CPU small steps execute inline an
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -28,7 +29,9 @@ from .. import ffi, sched
 from .._errors import AdmissionError
 from .._units import format_bytes
 from ..memory import Admitted
+from . import fusion
 from .causes import dispatch_error, short_error
+from .fusion import GROUP_IDS, Group
 from .plan import Plan
 from .records import JobRecord, now_s
 from .source import END, FEED_ABOVE_S, BatchMismatch, DataError, produce
@@ -43,7 +46,7 @@ class Dispatcher:
     def __init__(self, *, policy: Any, arena: Any, device: Any, feeder: Any, recorder: Any,
                  timeline: Any, ring: int | None, quantum: int, slots: int, dispatch_ahead: int,
                  prefetch: int, checkpoint_every: int | None, checkpoint_dir: Any, t0: float,
-                 capacity_source: str, on_end: Callable[[JobRecord], None]):
+                 capacity_source: str, on_end: Callable[[JobRecord], None], fuse: bool = False):
         self.policy, self.arena, self.device = policy, arena, device
         self.feeder, self.recorder, self.timeline, self.ring = feeder, recorder, timeline, ring
         self.quantum, self.slots, self.ahead, self.prefetch = quantum, slots, dispatch_ahead, prefetch
@@ -64,6 +67,9 @@ class Dispatcher:
         self._idle = False
         self._wake = threading.Event()
         self.peak_in_flight_bytes = 0
+        self.fuse = fuse
+        self.groups: dict[int, Group] = {}            # fusion groups, by group id
+        self._group_ids = itertools.count(GROUP_IDS)
         self._log = recorder.log_dir is not None
         self._rows: list = []
         self.thread = threading.Thread(target=self._main, name="xshare-dispatcher", daemon=True)
@@ -144,7 +150,11 @@ class Dispatcher:
             return None
         li, pos = plan.lane, plan.idx[plan.lane]
         job = plan.job_at(li, pos)
-        if not job.batches and job.source is not None:
+        if isinstance(job, Group):
+            for _, member in job.stepping():
+                if not member.batches and member.source is not None:
+                    produce(member, self.device, blocking=not _fed(member))
+        elif not job.batches and job.source is not None:
             # Cheap data is made here, right before the step, as a plain loop would; for fed
             # jobs the feeder is behind (its thread was not scheduled): make it here too rather
             # than idle, unless the feeder is making it right now.
@@ -189,17 +199,12 @@ class Dispatcher:
 
     # ------------------------------------------------------------------ stepping
     def _dispatch(self, job: JobRecord, li: int, pos: int) -> None:
+        if isinstance(job, Group):
+            self._dispatch_group(job, li, pos)
+            return
         batch = job.batches.popleft()
         if batch is END or isinstance(batch, DataError):
-            if batch is END:
-                job.data_done = True
-            elif isinstance(batch.error, BatchMismatch):
-                self._fail(job, str(batch.error))
-            else:
-                self._fail(job, f"its data raised while producing batch {batch.step}: "
-                                f"{short_error(batch.error)}", batch.error)
-            self._dirty = True
-            self._settle(job)
+            self._dispatch_marker(job, batch)
             return
         if _fed(job):
             self.feeder.request(job)
@@ -218,17 +223,7 @@ class Dispatcher:
         job.arrays = outs[0]
         job.dispatched += 1
         job.in_flight += 1
-        self._seq += 1
-        job.last_seq = self._seq
-        current = self._lane_current.get(job.lane)
-        if current is job:
-            job.turn_steps += 1
-        else:
-            if current is not None:
-                current.turn_steps = 0
-            self._lane_current[job.lane] = job
-            job.turn_steps = 1
-        self._plan.stepped(li, pos)
+        self._took_turn(job, li, pos)
         self._inflight.append((job, step, outs[1], t))
         left = job.steps_left
         if left == 0:
@@ -239,8 +234,113 @@ class Dispatcher:
             if job.error is None and not job.terminal:
                 self._save(job, done=False)
 
+    def _took_turn(self, unit: Any, li: int, pos: int) -> None:
+        self._seq += 1
+        unit.last_seq = self._seq
+        current = self._lane_current.get(unit.lane)
+        if current is unit:
+            unit.turn_steps += 1
+        else:
+            if current is not None:
+                current.turn_steps = 0
+            self._lane_current[unit.lane] = unit
+            unit.turn_steps = 1
+        self._plan.stepped(li, pos)
+
+    def _dispatch_group(self, group: Group, li: int, pos: int) -> None:
+        """One fused step: every stepping member's own batch, stacked; idle slots masked."""
+        program, capacity = group.program, group.capacity
+        taken: dict[int, tuple[JobRecord, int, list]] = {}
+        for slot, job in group.stepping():
+            batch = job.batches.popleft()
+            if batch is END or isinstance(batch, DataError):
+                self._dispatch_marker(job, batch)
+                continue
+            step = job.spec.start_step + job.dispatched
+            bad = _shape_mismatch(batch, group.zero_batch)
+            if bad:
+                self._fail(job, f"batch {step} does not match the compiled step: {bad}")
+                self._settle(job)
+                continue
+            if _fed(job):
+                self.feeder.request(job)
+            taken[slot] = (job, step, batch)
+        if not taken:
+            self._dirty = True
+            return
+        mask = np.zeros((capacity,), np.bool_)
+        mask[list(taken)] = True
+        stacked = [np.stack([taken[s][2][i] if s in taken else zero for s in range(capacity)])
+                   for i, zero in enumerate(group.zero_batch)]
+        t = time.monotonic_ns()
+        try:
+            args = (group.arrays, (stacked, mask)) + ((group.ident,) if group.ident is not None else ())
+            outs = group.fused.executable(*args)
+        except Exception as err:  # noqa: BLE001 - an error inside the fused step
+            # The step's donated inputs are gone with it: every member of this step fails.
+            for job, step, _ in taken.values():
+                self._fail(job, f"fused group step {step} raised: {short_error(err)}", err)
+                self._settle(job)
+            self._dissolve_if_empty(group)
+            return
+        group.arrays = outs[0]
+        group.steps_run += 1
+        group.fused_member_steps += len(taken)
+        group.in_flight += 1
+        steps = {}
+        for slot, (job, step, _) in taken.items():
+            job.dispatched += 1
+            job.in_flight += 1
+            steps[slot] = (job, step)
+            left = job.steps_left
+            if left == 0:
+                # Its last step: copy its slot out now, before the group's next step donates it.
+                job.final_arrays = fusion.take(group.arrays, slot)
+        self._took_turn(group, li, pos)
+        self._inflight.append((group, steps, outs[1], t))
+        due = [job for job, step in steps.values() if self.checkpoint_every and job.steps_left
+               and (step + 1) % self.checkpoint_every == 0]
+        if due:
+            self._drain_inflight()
+            for job in due:
+                if job.error is None and not job.terminal:
+                    self._save(job, done=False)
+
+    def _dispatch_marker(self, job: JobRecord, batch: Any) -> None:
+        if batch is END:
+            job.data_done = True
+        elif isinstance(batch.error, BatchMismatch):
+            self._fail(job, str(batch.error))
+        else:
+            self._fail(job, f"its data raised while producing batch {batch.step}: "
+                            f"{short_error(batch.error)}", batch.error)
+        self._dirty = True
+        self._settle(job)
+
+    def _retire_group(self, group: Group, steps: dict, vec: Any, t: int) -> None:
+        group.in_flight -= 1
+        try:
+            values = np.asarray(vec)
+        except Exception as err:  # noqa: BLE001
+            for job, step in steps.values():
+                job.in_flight -= 1
+                self._fail(job, f"fused group step {step} raised: {short_error(err)}", err)
+                self._settle(job)
+            return
+        t_end = time.monotonic_ns()
+        for slot, (job, step) in steps.items():
+            job.in_flight -= 1
+            self._retired(job, step, values[slot], t_end)
+            if job.in_flight == 0:
+                self._settle(job)
+        if self.ring is None:
+            self.timeline.host_step(group, t, t_end)
+
     def _retire(self) -> None:
         job, step, vec, t = self._inflight.popleft()
+        if isinstance(job, Group):
+            self._retire_group(job, step, vec, t)
+            return
         job.in_flight -= 1
         try:
             # A sync point by design: the pipeline is full, so the host waits here while the
@@ -250,26 +350,30 @@ class Dispatcher:
             self._fail(job, f"step {step} raised: {short_error(err)}", err)
         else:
             t_end = time.monotonic_ns()
-            # A step that completed counts even if the job failed after it was dispatched (a
-            # later batch was bad): its work is real and its metrics are logged.
-            job.steps_done += 1
-            job.last_values = values
-            if job.spec.observer is not None:
-                self._observe(job, step, values, t_end)
-            if self._log:
-                # Handed to the recorder in batches: a queue put per step would wake its thread
-                # per step, and the two threads would take turns at the GIL.
-                self._rows.append((job, step, t_end / 1e9, values, job.extra_metrics))
-                if len(self._rows) >= 256:
-                    self._flush_rows()
-            if job.spec.nan_policy == "fail" and not np.isfinite(values).all():
-                bad = [k for k, v in job.last_metrics.items() if not np.isfinite(v)]
-                self._fail(job, f"non-finite metric {bad[0]}={job.last_metrics[bad[0]]} at step {step} "
-                                "(nan_policy='fail')")
+            self._retired(job, step, values, t_end)
             if self.ring is None:
                 self.timeline.host_step(job, t, t_end)
         if job.in_flight == 0:
             self._settle(job)
+
+    def _retired(self, job: JobRecord, step: int, values: Any, t_end: int) -> None:
+        """Account one completed step of ``job`` with its metrics vector."""
+        # A step that completed counts even if the job failed after it was dispatched (a
+        # later batch was bad): its work is real and its metrics are logged.
+        job.steps_done += 1
+        job.last_values = values
+        if job.spec.observer is not None:
+            self._observe(job, step, values, t_end)
+        if self._log:
+            # Handed to the recorder in batches: a queue put per step would wake its thread
+            # per step, and the two threads would take turns at the GIL.
+            self._rows.append((job, step, t_end / 1e9, values, job.extra_metrics))
+            if len(self._rows) >= 256:
+                self._flush_rows()
+        if job.spec.nan_policy == "fail" and not np.isfinite(values).all():
+            bad = [k for k, v in job.last_metrics.items() if not np.isfinite(v)]
+            self._fail(job, f"non-finite metric {bad[0]}={job.last_metrics[bad[0]]} at step {step} "
+                            "(nan_policy='fail')")
 
     def _flush_rows(self) -> None:
         rows, self._rows = self._rows, []
@@ -329,6 +433,8 @@ class Dispatcher:
         self._finalize(job, Event.FINISH)
 
     def _admit(self, job: JobRecord) -> None:
+        if self.fuse and self._join_group(job):
+            return
         fp = job.footprint
         # A job that truly holds nothing still takes a lane; the arena refuses zero-byte
         # footprints (zero is how "unknown" looks), so charge it 1 byte.
@@ -341,6 +447,135 @@ class Dispatcher:
         else:
             self.recorder.line(job, f"compiled: {fp.describe()}; queued: {placed.reason}")
             job.state = transition(job.state, Event.QUEUE)
+
+    # ------------------------------------------------------------------ fusion groups
+    def _join_group(self, job: JobRecord) -> bool:
+        """Put ``job`` in a slot of a group of its program (growing the group, or opening one,
+        if memory allows). False: it runs on its own (no room for a group)."""
+        key = job.program.key
+        same = [g for g in self.groups.values() if g.program.key == key]
+        group = next((g for g in same if g.free_slot() is not None), None)
+        if group is None and same:
+            group = self._grow(same[0])
+        if group is None:
+            group = self._open_group(job.program, max(2, _pow2(job.fuse_hint)))
+        if group is None:
+            return False
+        slot = group.free_slot()
+        try:
+            leaves = (job.host_arrays if job.host_arrays is not None
+                      else jax.tree.leaves(job.spec.state))
+            values = jax.device_put(leaves, self.device, may_alias=False)
+            group.arrays = fusion.put(group.arrays, values, slot)
+        except Exception as err:  # noqa: BLE001
+            self._fail(job, f"could not place its state in {group.name}: {short_error(err)}", err)
+            self._finalize(job, Event.FAIL)
+            return True
+        group.slots[slot] = job
+        job.group, job.slot, job.lane, job.host_arrays = group, slot, group.lane, None
+        self.recorder.line(job, f"compiled: joined {group.name} (slot {slot} of {group.capacity}, "
+                                f"lane {group.lane}; group {group.fused.footprint.describe()})")
+        self._started(job)
+        self._running[group.id] = group
+        self._dirty = True
+        return True
+
+    def _open_group(self, program: Any, capacity: int) -> Group | None:
+        fused = fusion.fused_program(program, capacity, self.device, fenced=self.ring is not None,
+                                     prefetch=self.prefetch)
+        gid = next(self._group_ids)
+        fp = fused.footprint
+        if self.arena.queue or fp.resident + fp.ephemeral > self.arena.free:
+            return None  # never overtake the queue for a group; its jobs run (or queue) alone
+        placed = self.arena.admit(gid, fp.resident, fp.ephemeral, name=f"group-{gid - GROUP_IDS}")
+        if not isinstance(placed, Admitted):  # pragma: no cover - checked above
+            self.arena.release(gid)
+            return None
+        zeros = [np.zeros((capacity, *s.shape), s.dtype) for s in jax.tree.leaves(program.state_struct)]
+        arrays = jax.device_put(zeros, self.device)
+        ident = (jax.device_put(ffi.ident(self.ring, gid, placed.lane_id), self.device)
+                 if self.ring is not None else None)
+        group = Group(gid, program, fused, placed.lane_id, arrays, ident)
+        self.groups[gid] = group
+        return group
+
+    def _grow(self, group: Group) -> Group | None:
+        """Double a full group's capacity at this step boundary (a new slot for a joiner)."""
+        bigger = fusion.fused_program(group.program, 2 * group.capacity, self.device,
+                                      fenced=self.ring is not None, prefetch=self.prefetch)
+        if not self._resize(group, bigger):
+            return None
+        self._drain_inflight()  # the stack is rebuilt from the group's newest state
+        group.arrays = fusion.regroup(group.arrays, list(range(group.capacity)), bigger.capacity)
+        group.slots += [None] * (bigger.capacity - group.capacity)
+        group.fused = bigger
+        group.zero_batch = group.zero_batch  # per-slot shapes are unchanged
+        self._dirty = True
+        return group
+
+    def _shrink(self, group: Group) -> None:
+        """Repack a group whose members fit in a quarter of its slots into a smaller one: the
+        step then costs what its members need (their slots move; their states do not change)."""
+        members = [(i, j) for i, j in enumerate(group.slots) if j is not None]
+        capacity = max(2, _pow2(len(members)))
+        if capacity * 4 > group.capacity or group.in_flight:
+            return
+        smaller = fusion.fused_program(group.program, capacity, self.device,
+                                       fenced=self.ring is not None, prefetch=self.prefetch)
+        if not self._resize(group, smaller):
+            return
+        group.arrays = fusion.regroup(group.arrays, [i for i, _ in members], capacity)
+        group.slots = [j for _, j in members] + [None] * (capacity - len(members))
+        for slot, job in enumerate(group.slots):
+            if job is not None:
+                job.slot = slot
+        group.fused = smaller
+        self._dirty = True
+
+    def _resize(self, group: Group, fused: Any) -> bool:
+        fp = fused.footprint
+        resize = getattr(self.arena, "resize", None)
+        if resize is not None:
+            return bool(resize(group.id, fp.resident, fp.ephemeral))
+        return False
+
+    def _leave_group(self, job: JobRecord) -> None:
+        group = job.group
+        group.slots[job.slot] = None
+        job.group = job.slot = None
+        if group.members:
+            self._shrink(group)
+            return
+        self.groups.pop(group.id, None)
+        self._running.pop(group.id, None)
+        if self._lane_current.get(group.lane) is group:
+            del self._lane_current[group.lane]
+        group.arrays = group.ident = None
+        self._dirty = True
+        self._admitted(self.arena.release(group.id))
+
+    def _dissolve_if_empty(self, group: Group) -> None:
+        if not group.members and group.id in self.groups:
+            self.groups.pop(group.id)
+            self._running.pop(group.id, None)
+            self._admitted(self.arena.release(group.id))
+
+    def _started(self, job: JobRecord) -> None:
+        job.state = transition(job.state, Event.ADMIT)
+        if job.started_s is None:
+            job.started_s = now_s() - self.t0
+            job.queue_wait_s = job.started_s - (job.compiled_s if job.compiled_s is not None else job.arrival_s)
+        job.prefetch_depth = self.prefetch
+        want = self.prefetch - len(job.batches)
+        if want > 0 and job.source is not None and _fed(job):
+            self.feeder.request(job, want)
+        self._account_peak()
+
+    def _state_of(self, job: JobRecord) -> Any:
+        """A job's state leaves wherever they are: its own arrays, its group slot, the host."""
+        if job.group is not None:
+            return fusion.take(job.group.arrays, job.slot)
+        return job.arrays if job.arrays is not None else job.host_arrays
 
     def _place(self, job: JobRecord, lane: int) -> None:
         """Put an admitted job's state on the device and let the scheduler see it."""
@@ -359,19 +594,10 @@ class Dispatcher:
             self._fail(job, f"could not place its state on {self.device}: {short_error(err)}", err)
             self._finalize(job, Event.FAIL)
             return
-        first = job.started_s is None
         job.host_arrays, job.lane = None, lane
-        job.state = transition(job.state, Event.ADMIT)
         self._running[job.id] = job
         self._dirty = True
-        if first:
-            job.started_s = now_s() - self.t0
-            job.queue_wait_s = job.started_s - (job.compiled_s if job.compiled_s is not None else job.arrival_s)
-        job.prefetch_depth = self.prefetch
-        want = self.prefetch - len(job.batches)
-        if want > 0 and job.source is not None:
-            self.feeder.request(job, want)
-        self._account_peak()
+        self._started(job)
 
     def _account_peak(self) -> None:
         """The runtime's own record of device memory that may be in use (from its job records,
@@ -379,7 +605,7 @@ class Dispatcher:
         staging; every lane holds the largest E among its resident jobs."""
         resident, lane_e = 0, {}
         for job in self._running.values():
-            fp = job.footprint
+            fp = job.fused.footprint if isinstance(job, Group) else job.footprint
             resident += fp.resident
             lane_e[job.lane] = max(lane_e.get(job.lane, 0), fp.ephemeral)
         self.peak_in_flight_bytes = max(self.peak_in_flight_bytes, resident + sum(lane_e.values()))
@@ -387,7 +613,7 @@ class Dispatcher:
     def _finish(self, job: JobRecord) -> None:
         try:
             # A device-to-host copy, once per job.
-            host = jax.tree.unflatten(job.program.state_def, jax.device_get(job.arrays))
+            host = jax.tree.unflatten(job.program.state_def, jax.device_get(self._state_of(job)))
         except Exception as err:  # noqa: BLE001 - the last step failed on the device
             self._fail(job, f"its final state could not be read: {short_error(err)}", err)
             self._finalize(job, Event.FAIL)
@@ -402,7 +628,7 @@ class Dispatcher:
         if self.checkpoint_dir is None:
             return
         self._flush_rows()
-        arrays = job.arrays if job.arrays is not None else job.host_arrays
+        arrays = self._state_of(job)
         if arrays is None:
             return
         host = jax.tree.unflatten(job.program.state_def, jax.device_get(arrays))
@@ -433,6 +659,8 @@ class Dispatcher:
             del self._lane_current[job.lane]
         if job in self._swap_waiting:
             self._swap_waiting.remove(job)
+        if job.group is not None:
+            self._leave_group(job)
         job.arrays = job.host_arrays = job.ident = None  # drop the device buffers
         job.source = None
         job.batches.clear()
@@ -471,15 +699,21 @@ class Dispatcher:
                 self._admitted(self.arena.release(job.id))
         if job.state in (S.RUNNING, S.PAUSED, S.COMPILING, S.QUEUED, S.SWAPPED):
             job.state = transition(job.state, Event.PAUSE)
-        if self._running.pop(job.id, None) is not None:
-            self._dirty = True
+        self._running.pop(job.id, None)
+        self._dirty = True  # (a group member is masked from its group's next step)
+        if job.in_flight:
+            # Its steps already dispatched finish now, so pause() returns with the job still.
+            self._drain_inflight()
         if offload and job.state is S.PAUSED:
-            if job.in_flight:
-                self._drain_inflight()
             if not job.terminal and job.state is S.PAUSED:
                 self._swap_out(job)
 
     def _swap_out(self, job: JobRecord) -> None:
+        if job.group is not None:
+            # A member's state leaves its slot for host memory; its memory was the group's, so
+            # nothing is freed in the arena unless the group empties or shrinks.
+            job.arrays = self._state_of(job)
+            self._leave_group(job)
         kinds = {m.kind for m in self.device.addressable_memories()}
         kind = next((k for k in ("pinned_host", "unpinned_host") if k in kinds), None)
         if kind is not None:  # host memory of the device (pinned where it has it)
@@ -488,7 +722,8 @@ class Dispatcher:
         else:
             host = jax.device_get(job.arrays)
         job.host_arrays, job.arrays = host, None
-        self.arena.swap_out(job.id)
+        if job.in_ledger:
+            self.arena.swap_out(job.id)
         job.state = transition(job.state, Event.OFFLOAD)
         self.recorder.line(job, "state offloaded to host memory")
         self._admitted(self.arena.retry())
@@ -498,7 +733,7 @@ class Dispatcher:
             raise _not_live(job, "resumed")
         if job.state is S.PAUSED:
             job.state = transition(job.state, Event.RESUME)
-            if job.error is None:
+            if job.error is None and job.group is None:
                 self._running[job.id] = job
             self._dirty = True
             self._settle(job)
@@ -561,3 +796,16 @@ def _fed(job: JobRecord) -> bool:
 def _not_live(job: JobRecord, what: str):
     from .._errors import XShareError
     return XShareError(f"job {job.name!r} is {job.status}; only live jobs can be {what}")
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
+def _shape_mismatch(batch: list, like: list) -> str | None:
+    """Why a member's batch cannot be stacked with its group's (None if it can)."""
+    for i, (x, z) in enumerate(zip(batch, like)):
+        if np.shape(x) != z.shape or np.dtype(getattr(x, "dtype", None)) != z.dtype:
+            return (f"leaf {i} is {np.dtype(getattr(x, 'dtype', None))}{list(np.shape(x))}, "
+                    f"expected {z.dtype}{list(z.shape)}")
+    return None

@@ -65,6 +65,9 @@ class JobRecord:
     feed_lock: threading.Lock = field(default_factory=threading.Lock)  # one producer at a time
     prefetch_depth: int = 2
     data_s: float | None = None           # measured time to make one batch (EMA)
+    group: Any = None                     # the fusion group it steps in (fuse=True), and its slot
+    slot: int | None = None
+    fuse_hint: int = 1                    # jobs of its submit_many call with the same step
     # Counters (the dispatcher's).
     dispatched: int = 0                   # steps dispatched since start_step
     steps_done: int = 0                   # steps completed since start_step

@@ -68,6 +68,8 @@ class Runtime:
       resume: continue each submitted job from its checkpoint in ``checkpoint_dir`` if there is
         one (a finished job comes back done at once, with its saved final state).
       compile_workers: threads that trace and compile jobs (cache misses only).
+      fuse: run jobs that share a program as fused groups: one vmapped executable steps them
+        all, each still its own job (README: "Fused sweeps"). Off by default.
     """
 
     def __init__(self, policy: str | Any = "pack", memory: int | str | None = None, *,
@@ -76,7 +78,7 @@ class Runtime:
                  status_port: int | None = None, status_host: str = "127.0.0.1",
                  checkpoint_dir: str | os.PathLike | None = None, checkpoint_every: int | None = None,
                  resume: bool = False, max_lanes: int | None = None, slots: int = 1,
-                 compile_workers: int = 1):
+                 compile_workers: int = 1, fuse: bool = False):
         for name, value, low in (("quantum", quantum, 1), ("prefetch", prefetch, 1),
                                  ("dispatch_ahead", dispatch_ahead, 0), ("slots", slots, 1),
                                  ("compile_workers", compile_workers, 1)):
@@ -108,7 +110,8 @@ class Runtime:
         self._lock = threading.Lock()          # guards the job tables above, never held long
         self._ended = threading.Condition()
         self._closed = False
-        self.timeline_ = Timeline(self._ring, self._all.get)
+        self.timeline_ = Timeline(self._ring, self._unit)
+        self.fuse = bool(fuse)
         self.recorder = Recorder(log_dir=self.log_dir, checkpoint_dir=self.checkpoint_dir, t0=self.t0,
                                  tick=self.timeline_.drain if self._ring is not None else None)
         self._dispatcher: Dispatcher | None = None
@@ -118,7 +121,7 @@ class Runtime:
             recorder=self.recorder, timeline=self.timeline_, ring=self._ring, quantum=quantum,
             slots=slots, dispatch_ahead=dispatch_ahead, prefetch=prefetch,
             checkpoint_every=checkpoint_every, checkpoint_dir=self.checkpoint_dir, t0=self.t0,
-            capacity_source=self.capacity_source, on_end=self._job_ended)
+            capacity_source=self.capacity_source, on_end=self._job_ended, fuse=self.fuse)
         self._pool = ThreadPoolExecutor(max_workers=compile_workers, thread_name_prefix="xshare-compile")
         self.status_server = None
         if status_port is not None:
@@ -176,9 +179,14 @@ class Runtime:
                                      "job's; rename one of them")
                 seen.add(spec.name)
                 dirs.add(job_dir(spec.name))
+            # Jobs of one step function in one call will most likely share a program: a fused
+            # group is opened with room for all of them (it still grows for later arrivals).
+            same = {}
+            for spec in specs:
+                same[id(spec.job)] = same.get(id(spec.job), 0) + 1
             for spec in specs:
                 job = JobRecord(id=next(self._ids), spec=spec, arrival_s=now_s() - self.t0,
-                                priority=spec.priority)
+                                priority=spec.priority, fuse_hint=same[id(spec.job)])
                 self._all[job.id] = job
                 self._dispatcher.jobs[job.id] = job  # read by the dispatcher only after an event
                 handle = JobHandle(self, job)
@@ -356,6 +364,10 @@ class Runtime:
             job.spec = job.spec.replace(state=saved.state, start_step=saved.step)
             job.restored_metrics = saved.metrics
         return saved
+
+    def _unit(self, unit_id: int) -> Any:
+        """A job or fusion group by id (fence records name either)."""
+        return self._all.get(unit_id) or self._dispatcher.groups.get(unit_id)
 
     def _job_ended(self, job: JobRecord) -> None:
         with self._ended:

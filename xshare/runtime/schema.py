@@ -20,7 +20,8 @@ _NN_NUM = {"type": "number", "minimum": 0}
 _OPT_NN_NUM = {"type": ["number", "null"], "minimum": 0}
 _OPT_NN_INT = {"type": ["integer", "null"], "minimum": 0}
 _OPT_STR = {"type": ["string", "null"]}
-_STATUS = {"enum": ["queued", "running", "paused", "done", "failed", "cancelled"]}
+# "compiling": submitted, its program being traced/compiled off the submitting thread.
+_STATUS = {"enum": ["compiling", "queued", "running", "paused", "done", "failed", "cancelled"]}
 
 
 def _obj(props: Mapping[str, Any], optional: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -111,11 +112,23 @@ STATUS_SCHEMA: dict[str, Any] = {
             "metrics": {"type": ["object", "null"],
                         "additionalProperties": {"type": ["number", "null"]}},
             "error": _OPT_STR,
-        }, optional={"step_time_histogram": _HISTOGRAM,
+        }, optional={"step_time_histogram": {"anyOf": [_HISTOGRAM, {"type": "null"}]},
+                     "group": _OPT_STR,                                 # its fused group's name
                      "state": {"type": "string"},                       # the runtime's finer job state
                      "step_times_s": {"type": "array", "items": _NN_NUM},  # the most recent step times
                      "program": _OPT_STR})},                            # the shared program's key
-    }),
+    }, optional={"groups": {"type": "array", "items": _obj({   # fused groups (Runtime(fuse=True))
+        "name": {"type": "string"},
+        "id": _NN_INT,
+        "capacity": {"type": "integer", "minimum": 1},
+        "lane": _NN_INT,
+        "members": {"type": "array", "items": {"type": "string"}},
+        "steps": _NN_INT,
+        "fused_member_steps": _NN_INT,
+        "persistent_bytes": _NN_INT,
+        "ephemeral_bytes": _NN_INT,
+        "program": {"type": "string"},
+    })}}),
 }
 
 

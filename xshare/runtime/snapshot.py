@@ -60,6 +60,18 @@ def snapshot(rt: Any) -> dict[str, Any]:
             "swapped_jobs": [names.get(i, str(i)) for i in info.swapped],
         })
     jobs = [_job(j, rel) for j in records]
+    groups = [{
+        "name": g.name,
+        "id": int(g.id),
+        "capacity": int(g.capacity),
+        "lane": int(g.lane),
+        "members": [m.name for m in g.members],
+        "steps": int(g.steps_run),
+        "fused_member_steps": int(g.fused_member_steps),
+        "persistent_bytes": int(g.fused.footprint.persistent),
+        "ephemeral_bytes": int(g.fused.footprint.ephemeral),
+        "program": g.program.key[:12],
+    } for g in list(rt._dispatcher.groups.values())]
     total_device = sum(j["device_time_s"] for j in jobs)
     for j in jobs:
         j["device_time_share"] = j["device_time_s"] / total_device if total_device > 0 else None
@@ -86,7 +98,7 @@ def snapshot(rt: Any) -> dict[str, Any]:
         "memory_total_bytes": stats.memory_total_bytes,
     }
     return {"schema": SCHEMA_ID, "time_unix_s": time.time(), "runtime": runtime, "device": device,
-            "arena": arena_doc, "lanes": lanes, "jobs": jobs}
+            "arena": arena_doc, "lanes": lanes, "jobs": jobs, "groups": groups}
 
 
 def _job(j: Any, now: float) -> dict[str, Any]:
@@ -117,9 +129,25 @@ def _job(j: Any, now: float) -> dict[str, Any]:
         "staging_bytes": None if fp is None else int(fp.staging),
         "ephemeral_bytes": None if fp is None else int(fp.ephemeral),
         "program": None if j.program is None else j.program.key[:12],
+        "group": None if j.group is None else j.group.name,
+        "step_time_histogram": _histogram(times),
         "metrics": None if metrics is None else {str(k): _finite(v) for k, v in metrics.items()},
         "error": j.error,
     }
+
+
+# Step-time histogram buckets (seconds): Prometheus-style upper bounds, 50 us to 10 s.
+BOUNDS_S = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
+
+
+def _histogram(times: list[float]) -> dict[str, Any] | None:
+    """The job's recent step times (a bounded window) in ``BOUNDS_S`` buckets."""
+    if not times:
+        return None
+    counts = [0] * (len(BOUNDS_S) + 1)
+    for t in times:
+        counts[next((i for i, b in enumerate(BOUNDS_S) if t <= b), len(BOUNDS_S))] += 1
+    return {"bounds_s": list(BOUNDS_S), "counts": counts, "sum_s": float(sum(times)), "count": len(times)}
 
 
 def _finite(x: Any) -> float | None:

@@ -112,7 +112,10 @@ def produce(job: Any, device: Any, *, blocking: bool = True) -> bool:
         except BaseException as err:  # noqa: BLE001 - any failure of user data fails the job
             batch = DataError(step, err)
         dt = time.perf_counter() - t0
-        job.data_s = dt if job.data_s is None else 0.8 * job.data_s + 0.2 * dt
+        # A slowly rising minimum, not a mean: a thread preempted mid-batch (a shared machine,
+        # the GIL) must not make cheap data look expensive, while data that truly got slower
+        # raises it by 2% a batch.
+        job.data_s = dt if job.data_s is None else min(dt, job.data_s * 1.02)
         job.batches.append(batch)
         if batch is END or isinstance(batch, DataError):
             job.source = None  # produce nothing more for it

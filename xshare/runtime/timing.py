@@ -64,7 +64,7 @@ class Timeline:
             t0, t1 = begins[:n].astype(np.int64), ends["t_ns"][:n].astype(np.int64)
             chunk = np.empty(n, _STEP)
             chunk["job"], chunk["lane"], chunk["t0"], chunk["t1"] = jid, ends["lane"][:n], t0, t1
-            chunk["step"] = job.spec.start_step + job.steps_recorded + np.arange(n)
+            chunk["step"] = _first_step(job) + job.steps_recorded + np.arange(n)
             job.steps_recorded += n
             self._account(job, np.maximum(t1 - t0, 0) / 1e9)
             self._chunks.append(chunk)
@@ -75,10 +75,11 @@ class Timeline:
     def _account(self, job: Any, dts: np.ndarray) -> None:
         total = float(dts.sum())
         job.device_time_s += total
+        _share(job, total)
         job.step_times.extend(dts[-job.step_times.maxlen:].tolist())
         mean = total / len(dts)
         job.step_time_s = mean if job.step_time_s is None else (1 - _EMA) * job.step_time_s + _EMA * mean
-        flops = job.program.flops if job.program is not None else None
+        flops = _flops(job)
         if flops and mean > 0:
             rate = flops / mean
             self.flops_per_s = rate if self.flops_per_s is None else (1 - _EMA) * self.flops_per_s + _EMA * rate
@@ -91,14 +92,15 @@ class Timeline:
         self._last_end = t_end_ns
         dt = (t_end_ns - t0) / 1e9
         job.device_time_s += dt
+        _share(job, dt)
         job.step_times.append(dt)
         job.step_time_s = dt if job.step_time_s is None else (1 - _EMA) * job.step_time_s + _EMA * dt
-        flops = job.program.flops
+        flops = _flops(job)
         if flops and dt > 0:
             rate = flops / dt
             self.flops_per_s = rate if self.flops_per_s is None else (1 - _EMA) * self.flops_per_s + _EMA * rate
         self._host.append((job.id, -1 if job.lane is None else job.lane,
-                           job.spec.start_step + job.steps_recorded, t0, t_end_ns))
+                           _first_step(job) + job.steps_recorded, t0, t_end_ns))
         job.steps_recorded += 1
 
     def steps(self) -> list[StepRecord]:
@@ -109,6 +111,25 @@ class Timeline:
                     for chunk in self._chunks for j, l, s, a, b in chunk.tolist()]
         rows += [StepRecord(*r) for r in list(self._host)]
         return sorted(rows, key=lambda r: r.t_begin_ns)
+
+
+def _first_step(unit: Any) -> int:
+    spec = getattr(unit, "spec", None)  # a fusion group counts its own steps from 0
+    return spec.start_step if spec is not None else 0
+
+
+def _flops(unit: Any) -> float | None:
+    fused = getattr(unit, "fused", None)
+    if fused is not None:
+        return fused.flops
+    return unit.program.flops if unit.program is not None else None
+
+
+def _share(unit: Any, seconds: float) -> None:
+    """A fusion group's device time is charged to its members in equal shares (FAIR's rule)."""
+    stepping = unit.stepping() if hasattr(unit, "stepping") else ()
+    for _, member in stepping:
+        member.device_time_s += seconds / len(stepping)
 
 
 _STEP = np.dtype([("job", "i4"), ("lane", "i4"), ("step", "i8"), ("t0", "i8"), ("t1", "i8")])

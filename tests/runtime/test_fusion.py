@@ -1,0 +1,186 @@
+"""Fused sweeps: members of a vmapped group are bit-identical to the same vmapped step in a
+plain loop at the same capacity, independent of the other slots, and each stays a job
+(failure, pause/resume, cancel, checkpoint/resume leave the others' results unchanged)."""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import xshare
+from tests.helpers import assert_trees_equal, linreg_data, linreg_state, linreg_step, plain_loop
+
+STEPS = 40
+
+
+def _specs(n, steps=STEPS, dim=8, names="j"):
+    return [linreg_step.bind(linreg_state(dim=dim, seed=i), linreg_data(dim=dim, seed=i), steps=steps,
+                             name=f"{names}{i}") for i in range(n)]
+
+
+def vmapped_loop(specs, capacity, steps):
+    """The reference: the same step under jax.vmap over `capacity` stacked slots (empty slots
+    zero), jitted with donation, in a plain loop."""
+    zero_state = jax.tree.map(jnp.zeros_like, specs[0].state)
+    zero_batch = jax.tree.map(np.zeros_like, specs[0].data(0))
+    states = [s.state for s in specs] + [zero_state] * (capacity - len(specs))
+    stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *states)
+    f = jax.jit(jax.vmap(specs[0].fn), donate_argnums=0)
+    for k in range(steps):
+        batches = [s.data(k) for s in specs] + [zero_batch] * (capacity - len(specs))
+        stacked, _ = f(stacked, jax.tree.map(lambda *xs: np.stack(xs), *batches))
+    return [jax.tree.map(lambda x, i=i: np.asarray(x[i]), stacked) for i in range(len(specs))]
+
+
+def _run(specs, **kw):
+    with xshare.Runtime(policy="pack", memory="256MiB", fuse=True, **kw) as rt:
+        handles = rt.submit_many(specs)
+        rt.wait()
+    return handles
+
+
+def test_members_are_bit_identical_to_the_plain_vmapped_loop_and_close_to_unfused():
+    specs = _specs(3)
+    handles = _run(specs)
+    assert all(h.status() == "done" for h in handles), [h.error for h in handles]
+    for h, want in zip(handles, vmapped_loop(specs, 4, STEPS)):
+        assert_trees_equal(h.result()[0], want)
+    for h, spec in zip(handles, specs):  # vmap may reorder reductions: close, not necessarily equal
+        got, ref = h.result()[0], plain_loop(spec)[0]
+        assert max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+                   for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(ref))) < 1e-4
+
+
+def test_a_member_does_not_depend_on_what_the_other_slots_hold():
+    with_three = _run(_specs(3))
+    with_four = _run(_specs(4))  # same capacity (4), one more neighbour
+    for a, b in zip(with_three, with_four):
+        assert_trees_equal(a.result()[0], b.result()[0])
+
+
+def test_fused_jobs_run_in_one_group_with_one_program():
+    specs = _specs(4, steps=200)
+    with xshare.Runtime(policy="pack", memory="256MiB", fuse=True) as rt:
+        handles = rt.submit_many(specs)
+        while any(h.progress().steps_done < 20 for h in handles):
+            time.sleep(0.002)
+        snap = rt.snapshot()
+        rt.wait()
+    groups = snap["groups"]
+    assert len(groups) == 1 and sorted(groups[0]["members"]) == [s.name for s in specs]
+    assert groups[0]["capacity"] == 4
+    assert {j["group"] for j in snap["jobs"]} == {groups[0]["name"]}
+
+
+def test_one_member_with_a_bad_batch_fails_alone():
+    good = _specs(3)
+
+    def bad_data(k):
+        b = linreg_data(dim=8, seed=9)(k)
+        return {"x": b["x"][:, :5], "y": b["y"]} if k == 5 else b
+
+    bad = linreg_step.bind(linreg_state(dim=8, seed=9), bad_data, steps=STEPS, name="bad")
+    handles = _run(good + [bad])
+    assert handles[-1].status() == "failed"
+    assert "batch 5 does not match the compiled step" in handles[-1].error
+    assert handles[-1].progress().steps_done == 5
+    for h, want in zip(handles, vmapped_loop(good, 4, STEPS)):
+        assert_trees_equal(h.result()[0], want)
+
+
+def test_a_member_whose_data_raises_fails_alone():
+    good = _specs(2)
+
+    def broken(k):
+        if k == 7:
+            raise RuntimeError("disk gone at batch 7")
+        return linreg_data(dim=8, seed=5)(k)
+
+    bad = linreg_step.bind(linreg_state(dim=8, seed=5), broken, steps=STEPS, name="broken")
+    handles = _run(good + [bad])
+    assert handles[-1].status() == "failed" and "disk gone at batch 7" in handles[-1].error
+    for h, want in zip(handles, vmapped_loop(good, 4, STEPS)):
+        assert_trees_equal(h.result()[0], want)
+
+
+def test_nan_in_one_member_fails_it_alone():
+    good = _specs(3)
+    poisoned_state = {"w": jnp.full((8, 1), jnp.nan, jnp.float32), "n": jnp.zeros((), jnp.int32)}
+    bad = linreg_step.bind(poisoned_state, linreg_data(dim=8, seed=3), steps=STEPS, name="nan",
+                           nan_policy="fail")
+    handles = _run(good + [bad])
+    assert handles[-1].status() == "failed" and "non-finite metric loss" in handles[-1].error
+    for h, want in zip(handles, vmapped_loop(good, 4, STEPS)):
+        assert_trees_equal(h.result()[0], want)
+
+
+def test_pause_resume_and_cancel_of_members_leave_the_others_unchanged():
+    specs = _specs(4, steps=300)
+    with xshare.Runtime(policy="pack", memory="256MiB", fuse=True) as rt:
+        handles = rt.submit_many(specs)
+        while handles[0].progress().steps_done < 30:
+            time.sleep(0.001)
+        handles[1].pause()
+        paused_at = handles[1].progress().steps_done
+        handles[2].cancel()
+        time.sleep(0.05)
+        assert handles[1].progress().steps_done == paused_at  # masked: no step while paused
+        handles[1].resume()
+        rt.wait()
+    assert handles[2].status() == "cancelled"
+    want = vmapped_loop(specs, 4, 300)
+    for i in (0, 1, 3):  # the paused member ends exactly where it would have: masking is exact
+        assert handles[i].status() == "done"
+        assert_trees_equal(handles[i].result()[0], want[i])
+
+
+def test_a_member_checkpointed_and_resumed_mid_run_ends_as_if_uninterrupted(tmp_path):
+    specs = _specs(2, steps=200)
+    with xshare.Runtime(policy="pack", memory="256MiB", fuse=True, log_dir=tmp_path,
+                        checkpoint_every=10) as rt:
+        handles = rt.submit_many(specs)
+        while handles[0].progress().steps_done < 50:
+            time.sleep(0.001)
+        rt.stop()
+    assert all(h.status() == "cancelled" for h in handles)
+    resumed = _run(_specs(2, steps=200), log_dir=tmp_path, resume=True)
+    for h, want in zip(resumed, vmapped_loop(specs, 2, 200)):
+        assert h.status() == "done"
+        assert_trees_equal(h.result()[0], want)
+    rows = [ln for ln in (tmp_path / "j0" / "metrics.jsonl").read_text().splitlines() if ln]
+    assert len(rows) == 200  # every step logged once: none lost, none twice
+
+
+def test_jobs_arriving_over_time_join_a_running_group():
+    first = _specs(2, steps=400)
+    later = _specs(2, steps=100, names="late")
+    with xshare.Runtime(policy="pack", memory="256MiB", fuse=True) as rt:
+        handles = rt.submit_many(first)
+        while handles[0].progress().steps_done < 50:
+            time.sleep(0.001)
+        for spec in later:
+            handles.append(rt.submit(spec))
+            time.sleep(0.01)
+        seen = set()
+        while not all(h.status() in ("done", "failed") for h in handles):
+            seen.update(g["capacity"] for g in rt.snapshot()["groups"])
+            time.sleep(0.005)
+        rt.wait()
+    assert all(h.status() == "done" for h in handles), [h.error for h in handles]
+    assert 4 in seen  # the group grew from 2 to 4 slots for the newcomers
+    for h, spec in zip(handles, first + later):
+        got, ref = h.result()[0], plain_loop(spec)[0]
+        assert max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+                   for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(ref))) < 1e-4
+
+
+def test_fuse_is_off_by_default():
+    with xshare.Runtime(memory="256MiB") as rt:
+        handles = rt.submit_many(_specs(2, steps=5))
+        rt.wait()
+        assert rt.snapshot()["groups"] == []
+    assert all(h.status() == "done" for h in handles)

@@ -1,0 +1,194 @@
+"""Fused sweeps: jobs of one program step together as one vmapped executable, each still a job.
+
+A ``Group`` holds up to ``capacity`` (a power of two) jobs whose programs share a program key.
+Their states live stacked on the device (every leaf gains a leading slot axis); each group step
+stacks the members' own batches, runs ``vmap(step)`` once, and keeps a masked slot's state as
+it was (``where(mask, new, old)``): empty slots, paused members and members whose data ran out
+pass through unchanged. Members keep everything a job has: their own data source, step count,
+metrics rows, checkpoints, controls and failure boundary (a bad batch, a data error or a NaN
+fails that member alone; see README for what an exception inside the step does).
+
+Numerics: a member computes exactly what the same vmapped step computes in a plain loop at the
+same capacity, whatever the other slots hold (vmap adds no reduction across slots). It is not
+bit-identical to the unfused job: vmap changes XLA's reduction order (README: "Fused sweeps").
+
+One compiled executable per (program, capacity, fenced), cached process-wide like the programs.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import ffi
+from ..memory.footprint import Footprint, footprint_from_analysis
+from .compiler import CompiledStep, tree_nbytes
+
+GROUP_IDS = 1 << 30  # group ids live above job ids: fences and the timeline tell them apart
+
+
+@dataclass(frozen=True)
+class FusedProgram:
+    executable: Any        # (stacked state leaves, (stacked batch leaves, mask)[, ident]) -> (state, metrics[C, M])
+    capacity: int
+    footprint: Footprint   # persistent = capacity x one state; ephemeral from memory_analysis
+    flops: float | None
+
+
+_cache: dict[tuple, FusedProgram] = {}
+_lock = threading.Lock()
+compiles = 0
+
+
+def fused_program(program: CompiledStep, capacity: int, device: Any, *, fenced: bool,
+                  prefetch: int) -> FusedProgram:
+    """The vmapped executable of ``program`` at ``capacity`` slots (compiled once per process)."""
+    global compiles
+    key = (program.key, capacity, fenced, prefetch)
+    with _lock:
+        hit = _cache.get(key)
+        if hit is not None:
+            return hit
+        flat = program.flat
+
+        def body(states, batch_and_mask):
+            batches, mask = batch_and_mask
+            new, metrics = jax.vmap(flat)(states, batches)
+            kept = [jnp.where(mask.reshape(mask.shape + (1,) * (n.ndim - 1)), n, o)
+                    for n, o in zip(new, states)]
+            return kept, metrics
+
+        sharding = jax.sharding.SingleDeviceSharding(device)
+        stack = lambda s: jax.ShapeDtypeStruct((capacity, *s.shape), s.dtype, sharding=sharding)  # noqa: E731
+        states = [stack(s) for s in jax.tree.leaves(program.state_struct)]
+        batches = [stack(s) for s in jax.tree.leaves(program.batch_struct)]
+        mask = jax.ShapeDtypeStruct((capacity,), np.bool_, sharding=sharding)
+        args = [states, (batches, mask)]
+        fn = body
+        if fenced:
+            fn = ffi.fenced(body, donated=True)
+            args.append(jax.ShapeDtypeStruct((3,), np.int32, sharding=sharding))
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+            compiled = jax.jit(fn, donate_argnums=(0, 1)).lower(*args).compile()
+        compiles += 1
+        state_bytes = capacity * tree_nbytes(program.state_struct)
+        batch_bytes = capacity * tree_nbytes(program.batch_struct) + capacity
+        fp = footprint_from_analysis(compiled.memory_analysis(), state_bytes=state_bytes,
+                                     batch_bytes=batch_bytes, prefetch=prefetch, job="fused group")
+        from .compiler import _flops
+        out = FusedProgram(compiled, capacity, fp, _flops(compiled))
+        _cache[key] = out
+        return out
+
+
+# Slot moves: one small jitted call each, not one dispatch per leaf.
+@jax.jit
+def _take(states, slot):
+    return [x[slot] for x in states]
+
+
+@jax.jit
+def _put(states, values, slot):
+    return [x.at[slot].set(v) for x, v in zip(states, values)]
+
+
+@jax.jit
+def _gather(states, slots):
+    return [x[slots] for x in states]
+
+
+def take(states: list, slot: int) -> list:
+    """One slot's state leaves (new arrays: safe from the group's next donation)."""
+    return _take(states, np.int32(slot))
+
+
+def put(states: list, values: list, slot: int) -> list:
+    return _put(states, values, np.int32(slot))
+
+
+def regroup(states: list, slots: list[int], capacity: int) -> list:
+    """The states of ``slots`` (in that order) in a stack of ``capacity`` slots, zero-padded."""
+    idx = np.zeros((capacity,), np.int32)
+    idx[:len(slots)] = slots
+    return _gather(states, idx)
+
+
+class Group:
+    """A fusion group as the dispatcher schedules it: one runnable unit with members."""
+
+    def __init__(self, gid: int, program: CompiledStep, fused: FusedProgram, lane: int, arrays: list,
+                 ident: Any):
+        self.id, self.program, self.fused = gid, program, fused
+        self.lane, self.arrays, self.ident = lane, arrays, ident
+        self.slots: list[Any] = [None] * fused.capacity
+        self.name = f"group-{gid - GROUP_IDS}"
+        self.in_flight = 0
+        self.last_seq, self.turn_steps = -1, 0
+        self.device_time_s, self.step_time_s, self.steps_recorded = 0.0, None, 0
+        self.step_times: deque = deque(maxlen=256)
+        self.steps_run = 0              # group steps dispatched
+        self.fused_member_steps = 0     # member steps run fused (for the fusion fraction)
+        self.error = None
+        zeros = [np.zeros(s.shape, s.dtype) for s in jax.tree.leaves(program.batch_struct)]
+        self.zero_batch = zeros         # what an idle slot is fed (its result is masked away)
+
+    # What the policy sees of a group (sched/ docs: a group is one runnable unit).
+    @property
+    def capacity(self) -> int:
+        return self.fused.capacity
+
+    @property
+    def members(self) -> list[Any]:
+        return [j for j in self.slots if j is not None]
+
+    def stepping(self) -> list[tuple[int, Any]]:
+        from .states import JobState
+        return [(i, j) for i, j in enumerate(self.slots)
+                if j is not None and j.state is JobState.RUNNING and j.error is None and j.steps_left != 0]
+
+    @property
+    def arrival_s(self) -> float:
+        return min((j.arrival_s for j in self.members), default=0.0)
+
+    @property
+    def priority(self) -> int:
+        return max((j.priority for j in self.members), default=0)   # its most urgent member
+
+    @property
+    def steps_left(self) -> int | None:
+        lefts = [j.steps_left for _, j in self.stepping()]
+        if not lefts:
+            return 0
+        return None if any(x is None for x in lefts) else max(lefts)  # its longest member
+
+    @property
+    def dispatched(self) -> int:
+        return self.steps_run
+
+    @property
+    def batches(self) -> bool:
+        """Ready to step: every stepping member has its next batch (or an end marker)."""
+        members = self.stepping()
+        return bool(members) and all(j.batches for _, j in members)
+
+    @property
+    def source(self) -> Any:
+        return None
+
+    def step_estimate_s(self, flops_per_s: float | None = None) -> float:
+        if self.step_time_s is not None:
+            return self.step_time_s
+        if self.fused.flops and flops_per_s:
+            return max(self.fused.flops / flops_per_s, 1e-6)
+        return 1e-3
+
+    def free_slot(self) -> int | None:
+        return next((i for i, j in enumerate(self.slots) if j is None), None)
