@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -71,6 +72,30 @@ def test_cuda_build(tmp_path):
     # Shares the rings of the CPU library (found next to it through $ORIGIN) and links cudart.
     needed = subprocess.run(["readelf", "-d", str(cuda_lib)], capture_output=True, text=True).stdout
     assert f"[{_build.CPU_LIB}]" in needed and "libcudart" in needed
+    # Device timestamps from events on XLA's stream; never a host callback (it stalls the stream).
+    undefined = subprocess.run(["nm", "-D", "--undefined-only", str(cuda_lib)],
+                               capture_output=True, text=True).stdout
+    assert "cudaEventRecord" in undefined and "cudaEventElapsedTime" in undefined
+    assert "cudaLaunchHostFunc" not in undefined
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+def test_cuda_fences_compile_with_nvcc(tmp_path):
+    # nvcc's own front end (-x cu), not only the host compiler: the CUDA variant must keep
+    # compiling with the CUDA toolkit's compiler (nvcc 13 here). Compile only: no GPU needed.
+    (cpu_lib,) = _build.build_library(tmp_path, cuda=False)
+    found = _build.find_cuda()
+    cuda_inc = found[0][0] if found else Path(shutil.which("nvcc")).parent.parent / "include"
+    out = tmp_path / "nvcc_fences_cuda.so"
+    proc = subprocess.run(
+        ["nvcc", "-x", "cu", "-std=c++17", "-O2", "-Xcompiler", "-fPIC", "-shared",
+         f"-I{_build.ffi_include_dir()}", f"-I{cuda_inc}", str(_build.CUDA_SRC),
+         f"-L{tmp_path}", f"-l:{cpu_lib.name}", "-lcudart", "-o", str(out)],
+        capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    syms = subprocess.run(["nm", "-D", "--defined-only", str(out)], capture_output=True,
+                          text=True).stdout
+    assert "XshareFenceBeginCuda" in syms and "xshare_cuda_poll" in syms
 
 
 def test_cuda_required_but_missing(tmp_path, monkeypatch):

@@ -5,10 +5,11 @@
 // rings, the lane table, the clock and the validation, so CPU and CUDA fences
 // share them.
 //
-// STATUS: compiled by the test suite (nvcc 13 / g++); run on GPU hardware only
-// where a GPU was at hand (see tests/ffi/test_cuda_device.py, which skips
-// without one). Treat figures from it as unverified until that test passed on
-// your machine.
+// STATUS: compiled by the test suite (g++ against the CUDA headers, and
+// nvcc 13 with -x cu), but it has NOT yet run on a GPU: no GPU was available
+// when it was written. tests/ffi/test_cuda_device.py exercises it on one
+// (JAX_PLATFORMS=cuda,cpu) and skips elsewhere; trust its timestamps only once
+// that test has passed on your hardware.
 //
 // Why events, not host callbacks: on CUDA the handler runs on the host when XLA
 // *enqueues* the fence, not when the GPU reaches it. A timestamp taken by

@@ -1,0 +1,47 @@
+"""The test matrix: both ends of the supported range (README, "Supported versions").
+
+    nox                 # both sessions
+    nox -s oldest       # Python 3.11 + jax 0.10.x, the full suite
+    nox -s newest       # Python 3.12 + the newest jax, the fast subset, DeprecationWarning = error
+    nox -s newest -- tests/ffi -x     # arguments after -- go to pytest (replacing the defaults)
+
+Each session makes its own venv under .nox/ and installs the checkout editable with the test
+extra, as a newcomer would. The interpreters must be on PATH as python3.11 / python3.12 (with
+pyenv: PYENV_VERSION=3.11.7:3.12.1, as .ci/run sets). Editable installs compile the FFI fences
+into xshare/ffi/ for the session's jaxlib; an environment with another jaxlib then rebuilds its
+own copy once into ~/.cache/xshare/ffi-<hash>-jaxlib<version>/ (xshare/ffi/_loader.py).
+"""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.sessions = ["oldest", "newest"]
+nox.options.reuse_existing_virtualenvs = True
+nox.options.error_on_missing_interpreters = True  # a missing end is a failure, not a skip
+
+VERSIONS = ("import sys, jax, jaxlib, flax, optax, numpy; "
+            "print('python', sys.version.split()[0], '| jax', jax.__version__, '| jaxlib', "
+            "jaxlib.__version__, '| flax', flax.__version__, '| optax', optax.__version__, "
+            "'| numpy', numpy.__version__)")
+
+
+@nox.session(python="3.11")
+def oldest(session: nox.Session) -> None:
+    """The oldest supported pair: Python 3.11 and jax/jaxlib 0.10.x; the whole suite."""
+    session.install("-e", ".[test]", "jax==0.10.*", "jaxlib==0.10.*")
+    session.run("python", "-c", VERSIONS)
+    session.run("python", "-m", "pytest", "-q", *session.posargs)
+
+
+@nox.session(python="3.12")
+def newest(session: nox.Session) -> None:
+    """The newest pair: Python 3.12 and the newest jax/jaxlib pip resolves (no pins).
+
+    The fast subset (``-m "not slow"``: it holds the equivalence and FFI tests; the slow ones
+    are end-to-end launches the oldest end runs), with our own DeprecationWarnings as errors.
+    """
+    session.install("--upgrade", "--upgrade-strategy", "eager", "-e", ".[test]")
+    session.run("python", "-c", VERSIONS)
+    args = session.posargs or ["-m", "not slow"]
+    session.run("python", "-W", "error::DeprecationWarning", "-m", "pytest", "-q", *args)
