@@ -6,9 +6,16 @@ Metadata lives in pyproject.toml; this file only adds the compile step, so that 
 * regular install / wheel: into ``build/lib/xshare/ffi/``, packaged with the wheel;
 * editable install: into the source tree's ``xshare/ffi/``, where the import finds them.
 
-``XSHARE_BUILD_FFI=0`` skips the step (xshare then compiles the fences on first import, or
-runs without them: ``xshare.ffi.available()`` is False). ``CXX`` picks the compiler;
-``CUDA_HOME`` the CUDA install for the CUDA variant (built when CUDA headers are found).
+The libraries are compiled against the XLA FFI headers of the jaxlib in the *build*
+environment and record its version. Under pip's build isolation that is the newest jaxlib for
+this Python, not necessarily the one that will run; xshare then rebuilds them once, on first
+use, for the running jaxlib (into ``~/.cache/xshare/ffi-<hash>-jaxlib<version>/``).
+``pip install --no-build-isolation`` compiles against the installed jaxlib from the start.
+
+``XSHARE_BUILD_FFI=0`` skips the step (xshare then compiles the fences on first use, or runs
+without them: ``xshare.ffi.available()`` is False, with one warning). ``CXX`` picks the
+compiler; ``CUDA_HOME`` the CUDA install for the CUDA variant (built when CUDA headers are
+found).
 """
 
 from __future__ import annotations
