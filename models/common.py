@@ -46,6 +46,16 @@ def train_job(model: nnx.Module, tx: optax.GradientTransformation,
     return xshare.job(step, name=name), state
 
 
+def adam(lr: float) -> optax.GradientTransformation:
+    """Adam with its learning rate kept in the optimizer state, not baked into the program.
+
+    ``optax.adam(lr)`` makes ``lr`` a compile-time constant: jobs of a learning-rate sweep are
+    then different programs and cannot share an executable or fuse (``Runtime(fuse=True)``).
+    ``inject_hyperparams`` stores it as an array in the state, so the whole sweep is one program.
+    """
+    return optax.inject_hyperparams(optax.adam)(learning_rate=lr)
+
+
 def accuracy(logits: jax.Array, labels: jax.Array) -> jax.Array:
     return jnp.mean(jnp.argmax(logits, -1) == labels)
 

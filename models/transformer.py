@@ -26,7 +26,7 @@ from flax import nnx
 
 import xshare
 
-from .common import train_job
+from .common import adam, train_job
 
 CORPUS = "corpus.txt"
 
@@ -122,7 +122,7 @@ def make_job(lr: float = 3e-3, d_model: int = 64, layers: int = 2, heads: int = 
         loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
         return loss, {"bits_per_char": loss / math.log(2)}
 
-    step, state = train_job(model, optax.adam(lr), loss_fn, name="transformer")
+    step, state = train_job(model, adam(lr), loss_fn, name="transformer")
     return step.bind(state, data, steps=steps, name=name or f"transformer-d{d_model}-s{seed}",
                      meta={"model": "transformer", "lr": lr, "d_model": d_model, "layers": layers,
                            "heads": heads, "seq": seq, "batch": batch, "seed": seed,

@@ -184,3 +184,24 @@ def test_fuse_is_off_by_default():
         rt.wait()
         assert rt.snapshot()["groups"] == []
     assert all(h.status() == "done" for h in handles)
+
+
+def test_the_fusion_plan_groups_same_program_jobs_and_says_why_others_run_alone():
+    from xshare.runtime import fusion
+
+    def sgd(lr):
+        def step(state, batch):
+            g = jax.grad(lambda w: jnp.mean((batch["x"] @ w - batch["y"]) ** 2))(state["w"])
+            return {"w": state["w"] - lr * g, "n": state["n"] + 1}, {"n": state["n"]}
+        return xshare.job(step)
+
+    specs = _specs(3) + [
+        sgd(0.01).bind(linreg_state(dim=8), linreg_data(dim=8), steps=5, name="baked-a"),
+        sgd(0.02).bind(linreg_state(dim=8), linreg_data(dim=8), steps=5, name="baked-b"),
+        linreg_step.bind(linreg_state(dim=4), linreg_data(dim=4), steps=5, name="narrow"),
+    ]
+    report = fusion.plan(specs)
+    assert report.groups == [["j0", "j1", "j2"]]
+    assert "a compile-time constant differs from baked-b's" in report.alone["baked-a"]
+    assert "optax.inject_hyperparams" in report.alone["baked-b"]
+    assert report.alone["narrow"].startswith("its state or batch shapes differ from j0's (state leaf 1: float32[4, 1] vs float32[8, 1])")

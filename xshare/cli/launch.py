@@ -43,7 +43,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--replicas", type=int, help="runs per grid point, with seed=0..N-1 unless seed is set")
     parser.add_argument("--steps", type=int, help="steps per job (overrides the spec's steps)")
     parser.add_argument("--out", metavar="DIR", help="run directory (default runs/{YYYYmmdd-HHMMSS}-{spec name})")
-    parser.add_argument("--dry-run", action="store_true", help="print the expanded jobs and exit without running")
+    parser.add_argument("--dry-run", action="store_true", help="print the expanded jobs and exit without running "
+                        "(with --fuse: compile them and print the fused groups, and why a job cannot join one)")
+    parser.add_argument("--fuse", action="store_true",
+                        help="run jobs that share a program as fused groups: one vmapped executable for "
+                             "all of them, each still its own job (overrides [runtime] fuse)")
     parser.add_argument(
         "--resume", metavar="RUN_DIR",
         help="continue an interrupted launch: every unfinished job restarts from its last checkpoint",
@@ -75,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
         plan = _plan(args, specs)
         if args.dry_run:
             out.print(render.plan_table(plan))
+            if plan.runtime.fuse:
+                _print_fusion(specs.build_all(plan), out)
             return EXIT_OK
         jobs = specs.build_all(plan)  # calls every factory before anything runs
     except SpecError as err:
@@ -82,6 +88,20 @@ def run(args: argparse.Namespace) -> int:
     run_dir = _make_run_dir(args.out, plan.stem)
     (run_dir / "spec.json").write_text(json.dumps(_resolved(plan, run_dir), indent=2, default=str) + "\n")
     return _run(plan, jobs, run_dir, out, args)
+
+
+def _print_fusion(jobs: list[Any], out: Any) -> None:
+    """The fused groups the run would form, and why each other job would run alone (lowers
+    every job's step: this imports jax, which a plain dry run does not)."""
+    from xshare.runtime import fusion
+
+    report = fusion.plan(jobs)
+    for i, names in enumerate(report.groups):
+        out.print(f"fused group {i}: {len(names)} jobs: {', '.join(names)}", markup=False, highlight=False)
+    for name, why in report.alone.items():
+        out.print(f"{name} runs alone: {why}", markup=False, highlight=False)
+    if not report.groups:
+        out.print("no jobs fuse", markup=False, highlight=False)
 
 
 def _resume(args: argparse.Namespace, out: Any) -> int:
@@ -105,6 +125,7 @@ def _plan(args: argparse.Namespace, specs: Any) -> Any:
         policy=args.policy,
         memory=args.memory,
         quantum=args.quantum,
+        fuse=True if args.fuse else None,
         steps=args.steps,
         replicas=args.replicas,
         sets=dict(specs.parse_set(item) for item in args.sets),

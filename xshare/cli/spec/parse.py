@@ -16,7 +16,7 @@ from xshare._units import parse_bytes
 from .resolve import did_you_mean
 
 TOP_KEYS = ("runtime", "job")
-RUNTIME_KEYS = ("policy", "memory", "quantum")
+RUNTIME_KEYS = ("policy", "memory", "quantum", "fuse")
 JOB_KEYS = ("entry", "steps", "replicas", "priority", "name", "params")
 _MEMORY_DEVICE = ("device", "none")  # --memory device: let the runtime use the whole device
 
@@ -34,9 +34,10 @@ class RuntimeOptions:
     policy: str = "pack"
     memory: int | str | None = None
     quantum: int = 1
+    fuse: bool = False
 
     def as_kwargs(self) -> dict[str, Any]:
-        return {"policy": self.policy, "memory": self.memory, "quantum": self.quantum}
+        return {"policy": self.policy, "memory": self.memory, "quantum": self.quantum, "fuse": self.fuse}
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ class Overrides:
     policy: str | None = None
     memory: str | None = None
     quantum: int | None = None
+    fuse: bool | None = None
     steps: int | None = None
     replicas: int | None = None
     sets: Mapping[str, Any] = field(default_factory=dict)  # key -> value, or list of values to sweep
@@ -187,7 +189,10 @@ def check_runtime(raw: Mapping[str, Any], over: Overrides, where: str) -> Runtim
     quantum, source = pick("quantum", 1)
     if not isinstance(quantum, int) or isinstance(quantum, bool) or quantum < 1:
         raise SpecError(f"{source} = {quantum!r}: the quantum is a whole number of steps, at least 1")
-    return RuntimeOptions(policy=policy, memory=memory, quantum=quantum)
+    fuse, source = pick("fuse", False)
+    if not isinstance(fuse, bool):
+        raise SpecError(f"{source} = {fuse!r}: fuse is true or false")
+    return RuntimeOptions(policy=policy, memory=memory, quantum=quantum, fuse=fuse)
 
 
 def _check_int(value: Any, what: str, least: int, who: str) -> int:
@@ -233,7 +238,7 @@ def plan_from_json(data: Mapping[str, Any], where: str) -> LaunchPlan:
                         "--resume takes a run directory written by xshare launch")
     rt = data.get("runtime") or {}
     runtime = RuntimeOptions(policy=rt.get("policy", "pack"), memory=rt.get("memory"),
-                             quantum=rt.get("quantum", 1))
+                             quantum=rt.get("quantum", 1), fuse=bool(rt.get("fuse", False)))
     jobs = tuple(
         PlannedJob(index=i, name=j["name"], entry=j["entry"], params=dict(j.get("params") or {}),
                    steps=j.get("steps"), priority=j.get("priority"), origin=f"{where} job #{i}")
