@@ -1,0 +1,204 @@
+"""Faults inside one Runtime: lost log directories, a dispatch failure on a checkpoint step,
+and job names that are not safe directory names. Each case ends with ``wait()``/``stop()``
+returning within a bound; a hang fails the test instead of eating the suite's time."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import stat
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import xshare
+from tests.helpers import assert_trees_equal, linreg_data, linreg_state, linreg_step, plain_loop
+from xshare.runtime import checkpoint, recorder
+
+STEPS = 300
+GATE_AT = 100
+
+
+def _gated(seed: int, reached: threading.Event, gate: threading.Event):
+    """linreg data that stops at step GATE_AT until the test has done its damage."""
+    data = linreg_data(seed=seed)
+
+    def gated(step: int):
+        if step == GATE_AT:
+            reached.set()
+            assert gate.wait(30), "the test never opened the gate"
+        return data(step)
+
+    return gated
+
+
+def _specs(n, reached, gate):
+    return [linreg_step.bind(linreg_state(seed=i), _gated(i, reached, gate), steps=STEPS, name=f"job{i}")
+            for i in range(n)]
+
+
+def _run_with_damage(tmp_path, damage, n=4):
+    """Run n jobs with a log and checkpoint directory, damage it at step GATE_AT, and return
+    the handles once ``wait()`` has returned (bounded)."""
+    logs = tmp_path / "logs"
+    reached, gate = threading.Event(), threading.Event()
+    specs = _specs(n, reached, gate)
+    rt = xshare.Runtime(policy="pack", memory="256MiB", log_dir=logs, checkpoint_every=20, max_lanes=2)
+    try:
+        handles = rt.submit_many(specs)
+        assert reached.wait(60), "no job reached the gate"
+        damage(logs)
+        gate.set()
+        assert rt.wait(timeout=60), [h.progress() for h in handles]
+    finally:
+        gate.set()
+        rt.close()
+    return specs, handles
+
+
+def _assert_exact(specs, handles):
+    for spec, h in zip(specs, handles):
+        assert h.status() == "done", (h.name, h.status(), h.error)
+        ref = plain_loop(linreg_step.bind(spec.state, linreg_data(seed=int(h.name[3:])), steps=STEPS,
+                                          name="ref"))
+        assert_trees_equal(h.result()[0], ref[0])
+
+
+def _delete(logs: Path):
+    # The recorder may be writing a checkpoint (which recreates its directory) while we delete.
+    for _ in range(50):
+        shutil.rmtree(logs, ignore_errors=True)
+        if not logs.exists():
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"could not delete {logs}")
+
+
+def test_log_directory_deleted_mid_run_every_job_finishes_exactly(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, "xshare.runtime")
+    specs, handles = _run_with_damage(tmp_path, _delete)
+    _assert_exact(specs, handles)
+    assert any("logging is off" in r.getMessage() for r in caplog.records), "the damage did nothing"
+    # One "logging is off" warning per job at most: a lost disk does not flood the log.
+    for h in handles:
+        off = [r for r in caplog.records if f"job {h.name!r}" in r.getMessage()
+               and "logging is off" in r.getMessage()]
+        assert len(off) <= 1, [r.getMessage() for r in off]
+
+
+def test_log_directory_replaced_by_a_file_mid_run(tmp_path):
+    def replace(logs):
+        _delete(logs)
+        logs.write_text("not a directory\n")
+
+    _assert_exact(*_run_with_damage(tmp_path, replace))
+
+
+def _read_only(logs: Path, monkeypatch):
+    if os.geteuid() != 0:
+        for d in [logs, *[p for p in logs.rglob("*") if p.is_dir()]]:
+            d.chmod(stat.S_IRUSR | stat.S_IXUSR)
+        for f in logs.rglob("*"):
+            if f.is_file():
+                f.chmod(stat.S_IRUSR)
+        return
+    # root ignores permission bits: every new write under logs/ fails as on a read-only mount.
+    real_open, real_save = open, checkpoint.save
+
+    def denied(path):
+        raise PermissionError(13, "Permission denied (read-only test)", str(path))
+
+    def ro_open(path, mode="r", *a, **k):
+        if str(path).startswith(str(logs)) and any(c in mode for c in "wax+"):
+            denied(path)
+        return real_open(path, mode, *a, **k)
+
+    def ro_save(path, **k):
+        if str(path).startswith(str(logs)):
+            denied(path)
+        return real_save(path, **k)
+
+    monkeypatch.setattr(recorder, "open", ro_open, raising=False)
+    monkeypatch.setattr(checkpoint, "save", ro_save)
+
+
+def test_log_directory_made_read_only_mid_run(tmp_path, monkeypatch, caplog):
+    caplog.set_level(logging.WARNING, "xshare.runtime")
+    try:
+        specs, handles = _run_with_damage(tmp_path, lambda logs: _read_only(logs, monkeypatch))
+    finally:
+        for d in [tmp_path, *tmp_path.rglob("*")]:
+            if d.is_dir():
+                d.chmod(0o755)
+    _assert_exact(specs, handles)
+    assert any("logging is off" in r.getMessage() for r in caplog.records), "the damage did nothing"
+
+
+def test_stop_returns_after_a_dispatch_failure_on_a_checkpoint_step(tmp_path):
+    """The bad job's batch at step 4 (a checkpoint step with checkpoint_every=5) has the wrong
+    shape: it fails at dispatch; stop() must still return, reporting nothing it waits for."""
+    good = linreg_data(seed=1)
+
+    def bad(step):
+        b = good(step)
+        return {"x": b["x"][:, :3], "y": b["y"]} if step == 4 else b
+
+    reached, gate = threading.Event(), threading.Event()
+    healthy = linreg_step.bind(linreg_state(seed=2), _gated(2, reached, gate), steps=STEPS, name="healthy")
+    rt = xshare.Runtime(policy="pack", memory="256MiB", log_dir=tmp_path, checkpoint_every=5)
+    try:
+        hb, hh = rt.submit_many([linreg_step.bind(linreg_state(seed=1), bad, steps=STEPS, name="bad"), healthy])
+        assert reached.wait(60)
+        deadline = time.monotonic() + 30
+        while hb.status() != "failed" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert hb.status() == "failed", hb.progress()
+        assert hb.error.startswith("batch 4 does not match"), hb.error
+        gate.set()
+        t = time.monotonic()
+        missed = rt.stop(checkpoint=True, timeout=30)
+        assert time.monotonic() - t < 30
+    finally:
+        gate.set()
+        rt.close()
+    assert missed == []
+    assert hh.status() in ("cancelled", "done")
+    # The healthy job's stop checkpoint is valid and resumable.
+    saved = checkpoint.load(tmp_path / "healthy" / checkpoint.FILENAME, healthy.state, job="healthy")
+    assert saved is not None and saved.step >= GATE_AT
+
+
+def test_unsafe_names_are_refused_or_get_distinct_directories_inside_log_dir(tmp_path):
+    logs = tmp_path / "inner" / "logs"
+    data = linreg_data(seed=0)
+    with xshare.Runtime(policy="pack", memory="256MiB", log_dir=logs, checkpoint_every=5) as rt:
+        for bad in ("..", ".", "a\x00b"):
+            with pytest.raises(ValueError, match="cannot name a directory"):
+                rt.submit(linreg_step.bind(linreg_state(), data, steps=10, name=bad))
+        handles = rt.submit_many([linreg_step.bind(linreg_state(seed=i), data, steps=10, name=n)
+                                  for i, n in enumerate(["a/b", "a_b", "../up", ".hidden"])])
+        assert rt.wait(timeout=60)
+    assert [h.status() for h in handles] == ["done"] * 4
+    # Nothing outside log_dir; one directory per job.
+    assert sorted(p.name for p in (tmp_path / "inner").iterdir()) == ["logs"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["inner"]
+    dirs = sorted(p.name for p in logs.iterdir())
+    assert dirs == sorted({recorder.job_dir(h.name) for h in handles}) and len(dirs) == 4
+    for h in handles:
+        d = logs / recorder.job_dir(h.name)
+        saved = checkpoint.load(d / checkpoint.FILENAME, linreg_state(), job=h.name)
+        assert saved.done and saved.step == 10
+        assert_trees_equal(saved.state, h.result()[0])
+
+
+def test_names_that_collide_in_one_submit_many_are_refused(tmp_path):
+    data = linreg_data()
+    with xshare.Runtime(policy="pack", memory="256MiB", log_dir=tmp_path) as rt:
+        with pytest.raises(ValueError, match="already submitted|same directory"):
+            rt.submit_many([linreg_step.bind(linreg_state(), data, steps=2, name="x"),
+                            linreg_step.bind(linreg_state(), data, steps=2, name="x")])
+        assert rt.jobs == []  # all or nothing
