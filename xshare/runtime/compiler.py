@@ -25,7 +25,6 @@ import math
 import threading
 import warnings
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import jax
@@ -40,21 +39,59 @@ from ..memory.footprint import Footprint, footprint_from_analysis
 ASSUMED_FLOPS_PER_S = 2e10
 
 
-@dataclass(frozen=True)
 class CompiledStep:
-    """One compiled program, shared by every job whose step lowers to it."""
+    """One program, shared by every job whose step lowers to it. It is lowered (and keyed) at
+    once; the XLA compile runs on first use of ``executable``/``footprint``/``flops`` (or
+    ``ensure()``), so a fused sweep whose jobs all run in a vmapped group never pays for the
+    solo executable it does not run."""
 
-    executable: Any                 # (state leaves, batch leaves[, ident]) -> (new state leaves, metrics vector)
-    footprint: Footprint            # staging = 0: each runtime adds its own prefetch depth
-    metric_names: tuple[str, ...]   # the packed metrics vector's entries, in order
-    flops: float | None             # per step, from cost_analysis(); None when unknown
-    state_struct: Any               # pytrees of ShapeDtypeStruct of the state and the batch
-    batch_struct: Any
-    fenced: bool
-    state_def: Any                  # treedefs to rebuild the user's pytrees from flat leaves
-    batch_def: Any
-    key: str                        # the program key (hex)
-    flat: Callable | None = None    # the unfenced step over flat leaves (fused sweeps vmap it)
+    def __init__(self, *, key: str, metric_names: tuple[str, ...], state_struct: Any, batch_struct: Any,
+                 state_def: Any, batch_def: Any, fenced: bool, flat: Callable, lowered: Callable[[], Any],
+                 on_compile: Callable[[], None]):
+        self.key = key                      # the program key (hex)
+        self.metric_names = metric_names    # the packed metrics vector's entries, in order
+        self.state_struct, self.batch_struct = state_struct, batch_struct  # ShapeDtypeStruct pytrees
+        self.state_def, self.batch_def = state_def, batch_def  # to rebuild pytrees from flat leaves
+        self.fenced = fenced
+        self.flat = flat                    # the unfenced step over flat leaves (fusion vmaps it)
+        self._lowered, self._on_compile = lowered, on_compile
+        self._compiled: tuple | None = None
+        self._lock = threading.Lock()
+
+    def ensure(self) -> "CompiledStep":
+        """Compile now (once); raises what XLA raises."""
+        if self._compiled is None:
+            with self._lock:
+                if self._compiled is None:
+                    with warnings.catch_warnings():
+                        warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+                        compiled = self._lowered().compile()
+                    self._on_compile()
+                    fp = footprint_from_analysis(
+                        compiled.memory_analysis(), state_bytes=tree_nbytes(self.state_struct),
+                        batch_bytes=tree_nbytes(self.batch_struct), prefetch=0, job=self.key[:12])
+                    self._compiled = (compiled, fp, _flops(compiled))
+                    self._lowered = None  # the compiled program is all that is needed now
+        return self
+
+    @property
+    def executable(self) -> Any:
+        """(state leaves, batch leaves[, ident]) -> (new state leaves, metrics vector)."""
+        return self.ensure()._compiled[0]
+
+    @property
+    def footprint(self) -> Footprint:
+        """From ``memory_analysis()``; staging = 0: each runtime adds its own prefetch depth."""
+        return self.ensure()._compiled[1]
+
+    @property
+    def flops(self) -> float | None:
+        """Per step, from ``cost_analysis()``; None when unknown (or not compiled yet)."""
+        return self._compiled[2] if self._compiled is not None else None
+
+    @property
+    def compiled(self) -> bool:
+        return self._compiled is not None
 
     def step_time_estimate_s(self, flops_per_s: float | None = None) -> float:
         """Seconds per step from ``cost_analysis()`` FLOPs at ``flops_per_s`` (the rate the
@@ -99,7 +136,14 @@ class ProgramCache:
         self.compiles = 0                         # XLA compiles this cache ran (misses)
         self.hits = 0
 
-    def get(self, job: Any, state: Any, batch: Any, *, device: Any, fenced: bool) -> CompiledStep:
+    def get(self, job: Any, state: Any, batch: Any, *, device: Any, fenced: bool,
+            compile: bool = True) -> CompiledStep:
+        """The program of ``job`` on (``state``, ``batch``): compiled unless ``compile=False``
+        (then it is lowered and keyed, and compiles on first use)."""
+        program = self._get(job, state, batch, device=device, fenced=fenced)
+        return program.ensure() if compile else program
+
+    def _get(self, job: Any, state: Any, batch: Any, *, device: Any, fenced: bool) -> CompiledStep:
         state_struct, batch_struct = abstract(state, device), abstract(batch, device)
         # The Job object itself is part of the key (as in jax.jit's cache): the memo holds it, so
         # its id cannot be reused by another function while the entry lives.
@@ -151,30 +195,24 @@ class ProgramCache:
                     self.hits += 1
             if not owner:
                 return fut.result()
-            try:
-                if fenced:
-                    ffi.ensure_loaded()  # the handlers must be registered before XLA compiles
-                    ident = jax.ShapeDtypeStruct((3,), np.int32,
-                                                 sharding=jax.sharding.SingleDeviceSharding(device))
-                    lowered = jax.jit(ffi.fenced(flat, donated=True), donate_argnums=donate
-                                      ).lower(state_leaves, batch_leaves, ident)
-                else:
-                    lowered = unfenced
-                compiled = lowered.compile()
-                with self._lock:
-                    self.compiles += 1
-                footprint = footprint_from_analysis(
-                    compiled.memory_analysis(), state_bytes=tree_nbytes(state_struct),
-                    batch_bytes=tree_nbytes(batch_struct), prefetch=0, job=job.name)
-                result = CompiledStep(compiled, footprint, names[0], _flops(compiled), state_struct,
-                                      batch_struct, fenced, state_def, batch_def, key, flat)
-            except BaseException as err:
-                with self._lock:
-                    del self._programs[key]
-                fut.set_exception(err)
-                raise
+
+            def lower() -> Any:
+                if not fenced:
+                    return unfenced
+                ffi.ensure_loaded()  # the handlers must be registered before XLA compiles
+                ident = jax.ShapeDtypeStruct((3,), np.int32, sharding=jax.sharding.SingleDeviceSharding(device))
+                return jax.jit(ffi.fenced(flat, donated=True), donate_argnums=donate
+                               ).lower(state_leaves, batch_leaves, ident)
+
+            result = CompiledStep(key=key, metric_names=names[0], state_struct=state_struct,
+                                  batch_struct=batch_struct, state_def=state_def, batch_def=batch_def,
+                                  fenced=fenced, flat=flat, lowered=lower, on_compile=self._count)
         fut.set_result(result)
         return result
+
+    def _count(self) -> None:
+        with self._lock:
+            self.compiles += 1
 
     def clear(self) -> None:
         with self._lock:
@@ -239,7 +277,17 @@ def compile_step(fn: Callable, state: Any, batch: Any, *, device: Any, prefetch:
     fenced = fenced or _legacy.get("ring_id") is not None
     job = fn if isinstance(fn, Job) else _job_for(fn)
     program = PROGRAMS.get(job, state, batch, device=device, fenced=fenced)
-    return dataclasses.replace(program, footprint=program.with_staging(prefetch))
+    return _Staged(program, program.with_staging(prefetch))
+
+
+class _Staged:
+    """A program seen with one runtime's staging in its footprint (for compile_step)."""
+
+    def __init__(self, program: CompiledStep, footprint: Footprint):
+        self._program, self.footprint = program, footprint
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._program, name)
 
 
 _JOBS: dict[Any, Any] = {}

@@ -68,6 +68,7 @@ class Dispatcher:
         self._wake = threading.Event()
         self.peak_in_flight_bytes = 0
         self.fuse = fuse
+        self.fused_member_steps = 0                    # member steps run in fused groups, ever
         self.groups: dict[int, Group] = {}            # fusion groups, by group id
         self._group_ids = itertools.count(GROUP_IDS)
         self._log = recorder.log_dir is not None
@@ -286,6 +287,7 @@ class Dispatcher:
         group.arrays = outs[0]
         group.steps_run += 1
         group.fused_member_steps += len(taken)
+        self.fused_member_steps += len(taken)
         group.in_flight += 1
         steps = {}
         for slot, (job, step, _) in taken.items():
@@ -406,16 +408,7 @@ class Dispatcher:
         if job.terminal:
             return
         job.program = program
-        job.footprint = fp = program.with_staging(self.prefetch)
         job.compiled_s = now_s() - self.t0
-        if fp.resident + fp.ephemeral > self.arena.capacity:
-            err = AdmissionError(
-                f"job {job.name!r} needs {format_bytes(fp.resident + fp.ephemeral)} ({fp.describe()}) "
-                f"but the arena holds {format_bytes(self.arena.capacity)} ({self.capacity_source}); "
-                "lower its batch size or model size, or give the runtime more memory (--memory)")
-            self._fail(job, str(err), err)
-            self._finalize(job, Event.FAIL)
-            return
         if job.state is S.COMPILING:
             self._admit(job)
 
@@ -435,7 +428,24 @@ class Dispatcher:
     def _admit(self, job: JobRecord) -> None:
         if self.fuse and self._join_group(job):
             return
+        if job.footprint is None:
+            try:
+                # A fused job that must run alone compiles its solo program here (rare: a
+                # group had no room); every other job was compiled on the compile pool.
+                job.footprint = job.program.with_staging(self.prefetch)
+            except Exception as err:  # noqa: BLE001
+                self._fail(job, f"could not compile its step: {short_error(err)}", err)
+                self._finalize(job, Event.FAIL)
+                return
         fp = job.footprint
+        if fp.resident + fp.ephemeral > self.arena.capacity:
+            err = AdmissionError(
+                f"job {job.name!r} needs {format_bytes(fp.resident + fp.ephemeral)} ({fp.describe()}) "
+                f"but the arena holds {format_bytes(self.arena.capacity)} ({self.capacity_source}); "
+                "lower its batch size or model size, or give the runtime more memory (--memory)")
+            self._fail(job, str(err), err)
+            self._finalize(job, Event.FAIL)
+            return
         # A job that truly holds nothing still takes a lane; the arena refuses zero-byte
         # footprints (zero is how "unknown" looks), so charge it 1 byte.
         ephemeral = fp.ephemeral if fp.resident + fp.ephemeral > 0 else 1

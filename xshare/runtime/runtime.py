@@ -35,7 +35,8 @@ from ..memory.device import arena_capacity, configure_preallocation
 from . import checkpoint
 from .causes import short_error
 from .compiler import PROGRAMS
-from .dispatcher import Dispatcher
+from . import fusion
+from .dispatcher import Dispatcher, _pow2
 from .handle import JobHandle
 from .recorder import Recorder, check_name, job_dir
 from .records import JobRecord, Progress, StepRecord, now_s
@@ -348,8 +349,14 @@ class Runtime:
             post(self._dispatcher.finish_now, job, jax.device_get(spec.state), None, "no batches: done")
             return
         try:
-            program = PROGRAMS.get(spec.job, spec.state, first, device=self.device,
-                                   fenced=self._ring is not None)
+            fenced = self._ring is not None
+            program = PROGRAMS.get(spec.job, spec.state, first, device=self.device, fenced=fenced,
+                                   compile=not self.fuse)
+            if self.fuse:
+                # Compile the group's vmapped program here, off the dispatcher; a job that ends
+                # up alone compiles its own program when it must (see Dispatcher._admit).
+                fusion.fused_program(program, max(2, _pow2(job.fuse_hint)), self.device,
+                                     fenced=fenced, prefetch=self.prefetch)
         except Exception as err:  # noqa: BLE001
             post(self._dispatcher.fail_now, job, f"could not compile its step: {short_error(err)}", err)
             return

@@ -58,7 +58,7 @@ STATUS_SCHEMA: dict[str, Any] = {
             "fences": {"type": "boolean"},
             "quantum": {"type": "integer", "minimum": 1},
             "closed": {"type": "boolean"},
-        }, optional={"xla_compiles": _NN_INT}),
+        }, optional={"xla_compiles": _NN_INT, "fused_member_steps": _NN_INT}),
         "device": _obj({
             "platform": {"type": "string"},
             "kind": {"type": "string"},

@@ -85,6 +85,7 @@ def snapshot(rt: Any) -> dict[str, Any]:
         "quantum": int(rt.quantum),
         "closed": bool(rt._closed),
         "xla_compiles": int(rt.compiles),
+        "fused_member_steps": int(rt._dispatcher.fused_member_steps),
     }
     dev = rt.device
     stats = nvml.device_stats(dev)

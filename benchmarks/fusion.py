@@ -1,0 +1,167 @@
+"""Fused sweeps, side by side: the same N-job learning-rate sweep run five ways.
+
+The jobs: ``xshare.models.mlp:make_job`` (an MLP 32-64-64-10 on batches of 64 from its own
+synthetic teacher data, Adam with the learning rate in state), N learning rates x seeds: one
+program. The ways:
+
+  * plain: one donated ``jax.jit`` loop per job, one job after another;
+  * pack: ``xshare.Runtime(policy="pack")`` (unfused);
+  * fused: ``xshare.Runtime(policy="pack", fuse=True)``;
+  * vmap: a hand-written ``jax.vmap`` of the step over the N stacked states and batches;
+  * processes: one Python process per job, all at once (how a device is shared today);
+    only for N <= 8: 32 processes of JAX do not fit this machine's memory and cores.
+
+Every way runs in a fresh process; its clock starts before the first compile (processes: at
+spawn) and stops when every final state is on the host. Peak RSS is the process's (processes:
+the sum over them, sampled). Also measured: a sweep whose jobs arrive over time (one every 150
+steps of the first) and end at different step counts, under fuse=True: the fraction of member
+steps that ran fused.
+
+usage: python benchmarks/fusion.py [--ns 8,32] [--steps 2000] [--repeats 3] [--smoke]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ENTRY = "xshare.models.mlp:make_job"
+LRS = (3e-3, 1e-3, 3e-4, 1e-4)
+
+
+def _params(i: int) -> dict:
+    return {"lr": LRS[i % len(LRS)], "seed": i // len(LRS), "width": 64, "depth": 2, "batch": 64}
+
+
+def _specs(n: int, steps: int) -> list:
+    from xshare.models import mlp
+    return [mlp.make_job(steps=steps, name=f"j{i}", **_params(i)) for i in range(n)]
+
+
+# ------------------------------------------------------------------------------ the child side
+def _child(kind: str, n: int, steps: int) -> dict:
+    import jax
+    import numpy as np
+
+    specs = _specs(n, steps)
+    jax.block_until_ready([s.state for s in specs])
+    extra: dict = {}
+    t0 = time.perf_counter()
+    if kind == "plain":
+        f = jax.jit(specs[0].fn, donate_argnums=0)
+        finals = []
+        for spec in specs:
+            s = jax.tree.map(lambda x: jax.numpy.array(x, copy=True), spec.state)
+            for k in range(steps):
+                s, _ = f(s, spec.data(k))
+            finals.append(jax.device_get(s))
+    elif kind == "vmap":
+        stacked = jax.tree.map(lambda *xs: jax.numpy.stack(xs), *[s.state for s in specs])
+        f = jax.jit(jax.vmap(specs[0].fn), donate_argnums=0)
+        for k in range(steps):
+            batches = [s.data(k) for s in specs]
+            stacked, _ = f(stacked, jax.tree.map(lambda *xs: np.stack(xs), *batches))
+        finals = jax.device_get(stacked)
+    elif kind == "arrivals":
+        import xshare
+        # Job i arrives when job 0 has run 150*i steps and runs steps + 100*i steps.
+        specs = [s.replace(steps=steps + 100 * i) for i, s in enumerate(specs)]
+        with xshare.Runtime(policy="pack", memory="8GiB", fuse=True) as rt:
+            handles = [rt.submit(specs[0])]
+            for i, spec in enumerate(specs[1:], start=1):
+                while handles[0].progress().steps_done < 150 * i and handles[0].status() != "done":
+                    time.sleep(0.001)
+                handles.append(rt.submit(spec))
+            rt.wait()
+            snap = rt.snapshot()
+        finals = [h.result()[0] for h in handles]
+        total = sum(j["steps_done"] for j in snap["jobs"])
+        extra["fused_fraction"] = snap["runtime"]["fused_member_steps"] / total
+    else:
+        import xshare
+        with xshare.Runtime(policy="pack", memory="8GiB", fuse=(kind == "fused")) as rt:
+            handles = rt.submit_many(specs)
+            rt.wait()
+        finals = [h.result()[0] for h in handles]
+    wall = time.perf_counter() - t0
+    assert finals is not None
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {"kind": kind, "n": n, "steps": steps, "wall_s": wall, "peak_rss_bytes": rss, **extra}
+
+
+# ------------------------------------------------------------------------------ the parent side
+def _spawn(kind: str, n: int, steps: int) -> dict:
+    env = dict(os.environ, XSHARE_COMPILATION_CACHE="")
+    out = subprocess.run([sys.executable, __file__, "--child", json.dumps([kind, n, steps])],
+                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=3600)
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("@@")]
+    if out.returncode != 0 or not lines:
+        raise RuntimeError(f"{kind} n={n} failed:\n{out.stderr[-3000:]}")
+    return json.loads(lines[-1][2:])
+
+
+def _processes(n: int, steps: int) -> dict:
+    from xshare.bench import harness as h
+    plans = [h.JobPlan(f"j{i}", ENTRY, _params(i), steps) for i in range(n)]
+    t0 = time.perf_counter()
+    run = h.processes(plans)
+    return {"kind": "processes", "n": n, "steps": steps, "wall_s": time.perf_counter() - t0,
+            "peak_rss_bytes": run.peak_rss_bytes}
+
+
+def main(argv: list[str]) -> int:
+    sys.path.insert(0, str(ROOT))
+    from xshare.bench import harness as h
+
+    p = h.parser("fusion", __doc__.splitlines()[0])
+    p.add_argument("--ns", default="8,32")
+    p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--repeats", type=int, default=3)
+    args = p.parse_args(argv)
+    if args.smoke:
+        args.ns, args.steps, args.repeats = "2", 50, 1
+    rows, raw = [], []
+    for n in [int(x) for x in args.ns.split(",")]:
+        configs = {k: (lambda k=k: _spawn(k, n, args.steps)) for k in ("plain", "pack", "fused", "vmap")}
+        if n <= 8:
+            configs["processes"] = lambda: _processes(n, args.steps)
+        runs = h.alternate(configs, args.repeats)
+        arrivals = [_spawn("arrivals", n, args.steps) for _ in range(args.repeats)]
+        raw.append({"n": n, "runs": runs, "arrivals": arrivals})
+        base = [r["wall_s"] for r in runs["plain"]]
+        for k, rs in runs.items():
+            rows.append([n, args.steps, k, h.median(r["wall_s"] for r in rs),
+                         h.median(h.paired_ratios(base, [r["wall_s"] for r in rs])),
+                         h.median(h.paired_ratios([r["wall_s"] for r in runs["vmap"]], [r["wall_s"] for r in rs])),
+                         h.median(r["peak_rss_bytes"] for r in rs) / 2**20, ""])
+        rows.append([n, f"{args.steps}+100i", "fused, arriving over time",
+                     h.median(r["wall_s"] for r in arrivals), "", "", h.median(r["peak_rss_bytes"] for r in arrivals) / 2**20,
+                     f"{100 * h.median(r['fused_fraction'] for r in arrivals):.0f}% of steps fused"])
+        print(h.markdown_table(COLUMNS, [r for r in rows if r[0] == n]), flush=True)
+    h.write_results("fusion", args.out, title="Fused sweeps: plain loop, xshare pack, fused, hand vmap, processes",
+                    columns=COLUMNS, rows=rows, machine_info=h.machine(), smoke=args.smoke,
+                    config={"ns": args.ns, "steps": args.steps, "repeats": args.repeats, "entry": ENTRY},
+                    data={"runs": raw}, notes=NOTES)
+    return 0
+
+
+COLUMNS = ["N", "steps/job", "way", "e2e s", "speed vs plain (x)", "speed vs hand vmap (x)", "peak RSS MiB", "note"]
+NOTES = """e2e: fresh process per run, clock from before the first compile to every final state on the
+host. speed: median of per-repeat ratios (reference time / this way's time; > 1 = faster).
+processes: one process per job, wall time from spawn to the last exit (compile included), RSS
+summed over the processes. Arrivals: job i is submitted when job 0 has run 150*i steps and runs
+steps + 100*i steps; the note is fused member steps / all member steps (from Runtime.snapshot())."""
+
+if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == "--child":
+        kind, n, steps = json.loads(sys.argv[2])
+        sys.path.insert(0, str(ROOT))
+        print("@@" + json.dumps(_child(kind, n, steps)), flush=True)
+    else:
+        sys.exit(main(sys.argv[1:]))
