@@ -202,3 +202,22 @@ def test_names_that_collide_in_one_submit_many_are_refused(tmp_path):
             rt.submit_many([linreg_step.bind(linreg_state(), data, steps=2, name="x"),
                             linreg_step.bind(linreg_state(), data, steps=2, name="x")])
         assert rt.jobs == []  # all or nothing
+
+
+def test_jobs_cancelled_while_compiling_log_cleanly_and_leak_no_file(tmp_path, caplog):
+    """A cancel that lands before the compile pool has opened the job's files: its last log
+    line must not turn its logging off, and the metrics file opened afterwards must not leak."""
+    caplog.set_level(logging.WARNING, "xshare.runtime")
+    with xshare.Runtime(policy="pack", memory="256MiB", log_dir=tmp_path) as rt:
+        rt.submit(linreg_step.bind(linreg_state(), linreg_data(), steps=2, name="warm"))
+        assert rt.wait(timeout=60)
+        fds = len(os.listdir("/proc/self/fd"))
+        for k in range(30):
+            rt.cancel(rt.submit(linreg_step.bind(linreg_state(), linreg_data(), steps=200, name=f"c{k}")))
+        assert rt.wait(timeout=60)
+        rt._pool.submit(lambda: None).result(timeout=60)  # every _prepare has run
+        assert rt.recorder.flush()
+        assert len(os.listdir("/proc/self/fd")) <= fds
+    assert not [r.getMessage() for r in caplog.records if "logging is off" in r.getMessage()]
+    for k in range(30):
+        assert "cancelled after 0 steps" in (tmp_path / f"c{k}" / "log.txt").read_text()

@@ -135,8 +135,12 @@ class Recorder:
                     if row.get("step", -1) < resume_from:
                         keep.append(ln)
                 path.write_text("".join(ln + "\n" for ln in keep))
-            self._files[job.id] = open(path, "a", buffering=1 << 16)
             (d / "log.txt").touch()
+            if job.terminal:
+                # Cancelled while compiling: its close_job may already have run, and a file
+                # opened now would never be closed (one leaked descriptor per such job).
+                return
+            self._files[job.id] = open(path, "a", buffering=1 << 16)
         except OSError as err:
             self._broke(job, "opening its log directory", err)
 
@@ -144,7 +148,11 @@ class Recorder:
         if job.id in self._broken:
             return
         try:
-            with open(self._dir(job) / "log.txt", "a") as f:
+            d = self._dir(job)
+            # A line can come before the job's open (it was cancelled while compiling): make
+            # its directory, but never log_dir itself (gone means gone: logging is off).
+            d.mkdir(exist_ok=True)
+            with open(d / "log.txt", "a") as f:
                 f.write(text.rstrip("\n") + "\n")
         except OSError as err:
             self._broke(job, "writing log.txt", err)
