@@ -67,8 +67,30 @@ def classification_loss(model: nnx.Module, batch: Any) -> tuple[jax.Array, dict[
     return loss, {"accuracy": accuracy(logits, batch["y"])}
 
 
+class HyperparameterError(xshare.SpecError, ValueError):
+    """A factory's hyperparameter has the wrong type or value; raised before anything is traced
+    or compiled. A SpecError (``xshare launch`` exits 2 naming it) and a ValueError."""
+
+
 def check_positive_ints(model: str, **values: Any) -> None:
     """Reject sizes that are not positive ints, naming the model, the parameter and the value."""
     for key, value in values.items():
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{model}: {key}={value!r} must be a positive int")
+            raise HyperparameterError(f"{model}: {key}={value!r} must be a positive int")
+
+
+def check_common(model: str, *, lr: Any = None, seed: Any = 0, steps: Any = None, name: Any = None) -> None:
+    """The hyperparameters every factory takes: ``lr`` a finite number >= 0 (0 is the control run
+    of "does the loss fall"), ``seed`` an
+    int >= 0, ``steps`` a positive int or None, ``name`` a string or None."""
+    import math
+
+    if lr is not None and (not isinstance(lr, (int, float)) or isinstance(lr, bool)
+                           or not math.isfinite(lr) or lr < 0):
+        raise HyperparameterError(f"{model}: lr={lr!r} must be a number >= 0 (e.g. lr=1e-3)")
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise HyperparameterError(f"{model}: seed={seed!r} must be an int >= 0")
+    if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool) or steps < 1):
+        raise HyperparameterError(f"{model}: steps={steps!r} must be a positive int (or None: until the data ends)")
+    if name is not None and not isinstance(name, str):
+        raise HyperparameterError(f"{model}: name={name!r} must be a string")

@@ -140,7 +140,7 @@ def test_metrics_is_prometheus_text_with_the_expected_names(runtime_dir):
     expected = {"xshare_arena_capacity_bytes": "gauge", "xshare_arena_committed_bytes": "gauge",
                 "xshare_arena_free_bytes": "gauge", "xshare_lane_in_use_bytes": "gauge",
                 "xshare_job_steps": "counter", "xshare_job_device_seconds": "counter",
-                "xshare_job_step_seconds": "summary", "xshare_job_steps_per_second": "gauge",
+                "xshare_job_step_seconds": "histogram", "xshare_job_steps_per_second": "gauge",
                 "xshare_job_metric": "gauge", "xshare_runtime_info": "gauge"}
     for name, kind in expected.items():
         assert families[name].type == kind, name
@@ -148,8 +148,14 @@ def test_metrics_is_prometheus_text_with_the_expected_names(runtime_dir):
     steps = {dict(k)["job_name"]: v for k, v in samples(families["xshare_job_steps"], "_total").items()}
     assert set(steps) == set(NAMES) and all(v >= 3 for v in steps.values())  # ODD survives escaping
     assert "xshare_device_utilization_ratio" not in families  # unknown without NVML: absent
-    quantiles = {(s.labels["job_name"], s.labels["quantile"]) for s in families["xshare_job_step_seconds"].samples}
-    assert quantiles == {(n, q) for n in NAMES for q in ("0.5", "0.95")}
+    # Step times as a histogram: cumulative buckets per job, ending in +Inf = the step count seen.
+    buckets = {(s.labels["job_name"], s.labels["le"]): s.value
+               for s in families["xshare_job_step_seconds"].samples if s.name.endswith("_bucket")}
+    assert {n for n, _ in buckets} == set(NAMES)
+    for n in NAMES:
+        assert buckets[(n, "+Inf")] >= 1
+        les = sorted((float(le), v) for (m, le), v in buckets.items() if m == n)
+        assert all(a[1] <= b[1] for a, b in zip(les, les[1:]))  # cumulative
 
 
 def test_prometheus_escapes_labels_and_omits_unknown_values():

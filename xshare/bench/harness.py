@@ -242,7 +242,7 @@ def runtime(specs: Sequence[Any], *, hold: bool = True, **runtime_kwargs: Any) -
     """All specs submitted together to one ``xshare.Runtime(**runtime_kwargs)``.
 
     ``hold`` (the default) is the runtime's start barrier: every job is paused as it is
-    submitted and resumed together once all have compiled (their footprints show in the status
+    submitted and resumed together once all have compiled (their programs show in the status
     document), so compiles are excluded here as in every other configuration; ``hold=False``
     lets each job start as soon as it compiled. The clock runs from the first job's start to
     the last one's end, read from the runtime's status document (``rt.snapshot()``);
@@ -254,7 +254,7 @@ def runtime(specs: Sequence[Any], *, hold: bool = True, **runtime_kwargs: Any) -
         if hold:
             for h in handles:
                 rt.pause(h)  # a job compiles while paused; it cannot start before resume
-            while not all(j["persistent_bytes"] is not None or j["status"] in ("failed", "cancelled")
+            while not all(j.get("program") is not None or j["status"] in ("failed", "cancelled")
                           for j in rt.snapshot()["jobs"]):
                 time.sleep(0.02)
             for h in handles:

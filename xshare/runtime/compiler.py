@@ -148,13 +148,7 @@ class ProgramCache:
         # The Job object itself is part of the key (as in jax.jit's cache): the memo holds it, so
         # its id cannot be reused by another function while the entry lives.
         memo_key = (job, job.fn, _avals(state_struct), _avals(batch_struct), device, fenced)
-        with self._lock:
-            fut = self._memo.get(memo_key)
-            owner = fut is None
-            if owner:
-                fut = self._memo[memo_key] = Future()
-            else:
-                self.hits += 1
+        fut, owner = self._claim(self._memo, memo_key)
         if not owner:
             return fut.result()
         try:
@@ -186,13 +180,7 @@ class ProgramCache:
             digest.update(repr((_avals(state_struct), _avals(batch_struct), donate, str(device),
                                 fenced)).encode())
             key = digest.hexdigest()
-            with self._lock:
-                fut = self._programs.get(key)
-                owner = fut is None
-                if owner:
-                    fut = self._programs[key] = Future()
-                else:
-                    self.hits += 1
+            fut, owner = self._claim(self._programs, key)
             if not owner:
                 return fut.result()
 
@@ -209,6 +197,17 @@ class ProgramCache:
                                   fenced=fenced, flat=flat, lowered=lower, on_compile=self._count)
         fut.set_result(result)
         return result
+
+    def _claim(self, table: dict, key: Any) -> tuple[Future, bool]:
+        """The future for ``key`` in ``table``, and whether the caller must fill it (the first
+        to ask computes; the others wait on its future)."""
+        with self._lock:
+            fut = table.get(key)
+            if fut is not None:
+                self.hits += 1
+                return fut, False
+            fut = table[key] = Future()
+            return fut, True
 
     def _count(self) -> None:
         with self._lock:

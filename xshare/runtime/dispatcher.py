@@ -409,6 +409,8 @@ class Dispatcher:
             return
         job.program = program
         job.compiled_s = now_s() - self.t0
+        if program.compiled:  # (a fused job's solo program compiles only if it must run alone)
+            job.footprint = program.with_staging(self.prefetch)
         if job.state is S.COMPILING:
             self._admit(job)
 
@@ -541,6 +543,7 @@ class Dispatcher:
                 job.slot = slot
         group.fused = smaller
         self._dirty = True
+        self._admitted(self.arena.retry())  # the bytes it gave back may admit a queued job
 
     def _resize(self, group: Group, fused: Any) -> bool:
         fp = fused.footprint
@@ -672,6 +675,9 @@ class Dispatcher:
         if job.group is not None:
             self._leave_group(job)
         job.arrays = job.host_arrays = job.ident = None  # drop the device buffers
+        # ... and the spec's initial state and data (its result is host_state): a runtime that
+        # has run thousands of jobs must not keep every one's initial arrays alive.
+        job.spec = job.spec.replace(state=None, data=None, observer=None)
         job.source = None
         job.batches.clear()
         self._dirty = True

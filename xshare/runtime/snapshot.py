@@ -14,8 +14,8 @@ import time
 from typing import Any
 
 from .records import now_s
+from .schema import SCHEMA_ID
 
-SCHEMA_ID = "xshare.status/v1"
 
 
 def snapshot(rt: Any) -> dict[str, Any]:
