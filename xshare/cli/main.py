@@ -86,6 +86,39 @@ def add_bench(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=bench.run)
 
 
+def add_service(subparsers: argparse._SubParsersAction) -> None:
+    from xshare.cli import serve, submit
+
+    fmt = argparse.RawDescriptionHelpFormatter
+    parser = subparsers.add_parser(
+        "serve", help="a long-running runtime that owns one device; jobs arrive with xshare submit",
+        description=("Keep one xshare runtime alive as a service. Jobs arrive as plain data (xshare submit, "
+                     "POST /jobs) over the token-checked control API on --address (loopback by default); "
+                     "each job logs under --run-dir. SIGTERM/SIGINT checkpoint every job and exit 0; "
+                     "--resume continues them."),
+        epilog="examples:\n  xshare serve --memory 4GiB --policy pack\n  xshare serve --resume --run-dir runs/my-serve",
+        formatter_class=fmt)
+    serve.add_arguments(parser)
+    parser.set_defaults(func=serve.run)
+    parser = subparsers.add_parser(
+        "submit", help="send jobs (a spec, or module:function --set k=v) to a running xshare serve",
+        description=("Expand a spec or an entry with --set into jobs and send them to a running service; "
+                     "prints one job name per line. The service imports the entries: the client needs neither "
+                     "jax nor the module. Exit 0 accepted, 1 refused (the service says why), 2 usage error or "
+                     "no service."),
+        epilog="examples:\n  xshare submit examples/sweep.toml\n  xshare submit xshare.models.mlp:make_job --set lr=1e-3,3e-4",
+        formatter_class=fmt)
+    submit.add_submit_arguments(parser)
+    parser.set_defaults(func=submit.run_submit)
+    parser = subparsers.add_parser(
+        "ctl", help="pause, resume, cancel or reprioritize jobs of a running xshare serve (or list them)",
+        description="Act on the jobs of a running service (an extension of the command line contract).",
+        epilog="examples:\n  xshare ctl list\n  xshare ctl cancel 0_lr=0.001\n  xshare ctl priority 1_lr=0.0003 5",
+        formatter_class=fmt)
+    submit.add_ctl_arguments(parser)
+    parser.set_defaults(func=submit.run_ctl)
+
+
 def _not_yet(command: str) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         print(f"xshare {command}: not yet available", file=sys.stderr)
@@ -103,6 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_launch(subparsers)
     add_top(subparsers)
     add_bench(subparsers)
+    add_service(subparsers)
     return parser
 
 

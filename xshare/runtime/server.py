@@ -4,10 +4,17 @@ Endpoints (JSON unless noted; every error is ``{"error": "..."}`` with a 4xx/5xx
 
   GET  /status                     the snapshot (schema ``xshare.status/v1``, see status.py)
   GET  /metrics                    Prometheus text format
-  POST /jobs/{name}/pause          \
-  POST /jobs/{name}/resume          | need ``Authorization: Bearer <token>``
-  POST /jobs/{name}/cancel          |
-  POST /jobs/{name}/priority       /  body ``{"priority": <int>}``
+  GET  /jobs                       ``{"jobs": [{name, status, steps_done, steps_total, priority}]}``
+  POST /jobs                       \  submit (only a service, ``xshare serve``): body
+                                   |  ``{"jobs": [{"entry": "module:function", ...}]}``
+  POST /jobs/{name}/pause          | need ``Authorization: Bearer <token>``
+  POST /jobs/{name}/resume         |
+  POST /jobs/{name}/cancel         |
+  POST /jobs/{name}/priority       /  body ``{"priority": <int>}``, |priority| <= 2**31-1
+
+Refusals are 4xx with nothing changed: 401 no or wrong token, 400 a malformed body or value,
+404 an unknown job, 408 a body shorter than its Content-Length (after ``_Handler.timeout``),
+409 an action the job's state forbids, 411/413 chunked or over-long bodies.
 
 Reading is open to anyone who can reach the socket, which by default is only this host
 (``127.0.0.1``); changing state needs the random token that only the discovery file (mode
@@ -49,8 +56,18 @@ from .discovery import pid_alive as pid_alive
 
 log = logging.getLogger("xshare.server")
 
-MAX_BODY_BYTES = 64 * 1024
+MAX_BODY_BYTES = 1024 * 1024  # a few thousand job requests in one POST /jobs
 ACTIONS = ("pause", "resume", "cancel", "priority")
+PRIORITY_MAX = 2**31 - 1  # priorities cross JSON into policies: a signed 32-bit int holds them exactly
+_GONE = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError)  # the client hung up
+
+
+class Refused(XShareError):
+    """A submit hook's refusal: answered with HTTP ``code`` and ``{"error": message, **extra}``."""
+
+    def __init__(self, code: int, message: str, extra: dict[str, Any] | None = None):
+        super().__init__(message)
+        self.code, self.message, self.extra = code, message, extra or {}
 
 
 # ---------------------------------------------------------------------------------------- server
@@ -58,12 +75,16 @@ ACTIONS = ("pause", "resume", "cancel", "priority")
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = False  # never share a port with another runtime
+    # listen() backlog: the default 5 refuses connections when a sweep driver or a dashboard
+    # opens many at once; 128 is what the kernel commonly caps somaxconn at anyway.
+    request_queue_size = 128
 
-    def __init__(self, address: tuple[str, int], runtime: Any, token: str):
+    def __init__(self, address: tuple[str, int], runtime: Any, token: str, submit: Any = None):
         host = address[0]
         self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.runtime = runtime
         self.token = token
+        self.submit = submit
         super().__init__(address, _Handler)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
@@ -79,13 +100,19 @@ class StatusServer:
     """
 
     def __init__(self, rt: Any, host: str = "127.0.0.1", port: int = 0, *,
-                 directory: str | os.PathLike | None = None):
+                 directory: str | os.PathLike | None = None, submit: Any = None,
+                 announce: dict[str, Any] | None = None):
+        """``submit``: ``callable(payload) -> dict`` behind ``POST /jobs`` (``xshare serve``
+        passes one; a plain runtime has none and answers 405); it raises :class:`Refused`.
+        ``announce``: extra fields for the discovery record (e.g. ``{"kind": "service"}``)."""
         if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
             raise ValueError(f"status_port={port!r} must be an int in 0..65535 (0 picks a free port)")
         self.rt = rt
         self.host = host
         self.port = port
         self.token = secrets.token_urlsafe(32)
+        self.submit = submit
+        self.extra = dict(announce or {})
         self._directory = Path(directory) if directory is not None else None
         self._httpd: _Server | None = None
         self._thread: threading.Thread | None = None
@@ -102,7 +129,7 @@ class StatusServer:
         if self._httpd is not None:
             return self
         try:
-            self._httpd = _Server((self.host, self.port), self.rt, self.token)
+            self._httpd = _Server((self.host, self.port), self.rt, self.token, self.submit)
         except OSError as err:
             raise XShareError(f"the status server cannot listen on {self.host}:{self.port}: {err}; "
                               "pick another status port (0 picks a free one)") from err
@@ -138,7 +165,7 @@ class StatusServer:
         directory = self._directory or discovery_dir()
         directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         path = directory / f"{os.getpid()}-{self.port}.json"
-        record = {"pid": os.getpid(), "address": self.address, "token": self.token,
+        record = {**self.extra, "pid": os.getpid(), "address": self.address, "token": self.token,
                   "started": self.started}
         write_private(path, json.dumps(record) + "\n")
         self.discovery_path = path
@@ -160,9 +187,10 @@ class StatusServer:
 class _Reply(Exception):
     """Ends a request with an HTTP status and a JSON body."""
 
-    def __init__(self, code: int, message: str, headers: dict[str, str] | None = None):
+    def __init__(self, code: int, message: str, headers: dict[str, str] | None = None,
+                 extra: dict[str, Any] | None = None):
         super().__init__(message)
-        self.code, self.message, self.headers = code, message, headers or {}
+        self.code, self.message, self.headers, self.extra = code, message, headers or {}, extra or {}
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -170,7 +198,9 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "xshare"
     sys_version = ""
-    timeout = 10  # seconds a client may stall mid-request before its thread gives up
+    # Seconds a client may stall mid-request (a body shorter than its Content-Length answers
+    # 408 after this) before its thread gives up; also how long an idle keep-alive lingers.
+    timeout = 5
 
     # -------------------------------------------------------------- dispatch
     def do_GET(self) -> None:
@@ -205,26 +235,39 @@ class _Handler(BaseHTTPRequestHandler):
             path = urlsplit(self.path).path
             allowed, route = self._route(path)
             if allowed is None:
-                raise _Reply(404, f"no such endpoint {path!r}; try GET /status, GET /metrics or "
-                                  "POST /jobs/{name}/{pause|resume|cancel|priority}")
+                raise _Reply(404, f"no such endpoint {path!r}; try GET /status, GET /metrics, GET /jobs, "
+                                  "POST /jobs or POST /jobs/{name}/{pause|resume|cancel|priority}")
             if method not in allowed and not (method == "HEAD" and "GET" in allowed):
                 raise _Reply(405, f"{method} is not allowed on {path}; use {', '.join(allowed)}",
                              {"Allow": ", ".join(allowed)})
             route(method)
+        except _GONE:  # the client hung up mid-answer: nothing to tell anyone
+            self.close_connection = True
         except _Reply as reply:
             self.close_connection = True  # a body we refused may still be in the socket
-            self._send_json(reply.code, {"error": reply.message}, reply.headers, head=method == "HEAD")
+            try:
+                self._send_json(reply.code, {"error": reply.message, **reply.extra}, reply.headers,
+                                head=method == "HEAD")
+            except _GONE:
+                pass
         except Exception as err:  # noqa: BLE001 - one bad request must never hurt the runtime
             log.warning("status server: %s %s failed: %s: %s", method, urlsplit(self.path).path,
                         type(err).__name__, err)
             self.close_connection = True
-            self._send_json(500, {"error": f"internal error: {type(err).__name__}"}, head=method == "HEAD")
+            try:
+                self._send_json(500, {"error": f"internal error: {type(err).__name__}"}, head=method == "HEAD")
+            except _GONE:
+                pass
 
     def _route(self, path: str):
         if path == "/status":
             return ("GET",), self._get_status
         if path == "/metrics":
             return ("GET",), self._get_metrics
+        if path in ("/jobs", "/jobs/"):
+            if self.server.submit is None:  # a plain runtime: jobs arrive as Python objects only
+                return ("GET",), self._jobs
+            return ("GET", "POST"), self._jobs
         parts = path.split("/")
         if len(parts) == 4 and parts[0] == "" and parts[1] == "jobs" and parts[2] and parts[3] in ACTIONS:
             name, action = unquote(parts[2]), parts[3]
@@ -241,7 +284,28 @@ class _Handler(BaseHTTPRequestHandler):
         body = metrics.exposition(self.server.runtime.snapshot())
         self._send(200, body, metrics.CONTENT_TYPE, head=method == "HEAD")
 
+    def _jobs(self, method: str) -> None:
+        if method == "POST":
+            return self._submit()
+        doc = self.server.runtime.snapshot()
+        keep = ("name", "status", "steps_done", "steps_total", "priority", "error")
+        self._send_json(200, {"jobs": [{k: j.get(k) for k in keep} for j in doc["jobs"]]},
+                        head=method == "HEAD")
+
     # -------------------------------------------------------------- control
+    def _submit(self) -> None:
+        self._authorize()
+        body = self._read_body()
+        try:
+            payload = json.loads(body or b"null")
+        except (ValueError, UnicodeDecodeError) as err:
+            raise _Reply(400, f"the body is not JSON: {err}") from None
+        try:
+            answer = self.server.submit(payload)
+        except Refused as err:
+            raise _Reply(err.code, err.message, extra=err.extra) from None
+        self._send_json(200, answer)
+
     def _control(self, name: str, action: str) -> None:
         self._authorize()
         body = self._read_body()
@@ -255,8 +319,8 @@ class _Handler(BaseHTTPRequestHandler):
             if not isinstance(payload, dict) or "priority" not in payload:
                 raise _Reply(400, 'the body must be a JSON object {"priority": <int>}')
             priority = payload["priority"]
-            if not isinstance(priority, int) or isinstance(priority, bool):
-                raise _Reply(400, f"priority={priority!r} must be an int")
+            if not isinstance(priority, int) or isinstance(priority, bool) or abs(priority) > PRIORITY_MAX:
+                raise _Reply(400, f"priority={priority!r} must be an int in -{PRIORITY_MAX}..{PRIORITY_MAX}")
         elif body.strip():
             try:
                 json.loads(body)
@@ -305,7 +369,17 @@ class _Handler(BaseHTTPRequestHandler):
         if length > MAX_BODY_BYTES:
             self.close_connection = True  # never read it: that is the point of the limit
             raise _Reply(413, f"the body is {length} bytes; the limit is {MAX_BODY_BYTES}")
-        return self.rfile.read(length) if length else b""
+        if not length:
+            return b""
+        try:
+            body = self.rfile.read(length)
+        except TimeoutError:  # socket.timeout: the client sent less than it announced, then stalled
+            body = None
+        if body is None or len(body) < length:
+            self.close_connection = True
+            raise _Reply(408, f"the body ended before its Content-Length of {length} bytes "
+                              f"(nothing more arrived within {self.timeout} s); send the whole body")
+        return body
 
     # -------------------------------------------------------------- responses
     def _send_json(self, code: int, payload: Any, headers: dict[str, str] | None = None, *,
@@ -347,4 +421,5 @@ class _Handler(BaseHTTPRequestHandler):
         log.debug("status server %s: " + format, self.address_string(), *args)
 
 
-__all__ = ["StatusServer", "discover", "discovery_dir", "pid_alive", "MAX_BODY_BYTES"]
+__all__ = ["StatusServer", "Refused", "discover", "discovery_dir", "pid_alive", "MAX_BODY_BYTES",
+           "PRIORITY_MAX"]

@@ -1,0 +1,103 @@
+"""``xshare serve``: a long-running runtime that owns one device and takes jobs as plain data.
+
+Thin: parse, build :class:`xshare.service.service.Service`, wait for SIGTERM/SIGINT, stop.
+Exit codes: 0 stopped by a signal after checkpointing every live job (``--resume`` continues
+them), 2 a usage error (nothing started).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+from typing import Any
+
+EXIT_OK, EXIT_USAGE = 0, 2
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--memory", help="device memory the runtime may use: bytes, '2GiB', or 'device' (default)")
+    parser.add_argument("--policy", default="pack", help="fifo, pack, srtf, fair or priority (default pack)")
+    parser.add_argument("--address", default="127.0.0.1:0", metavar="HOST:PORT",
+                        help="where the control API listens (default 127.0.0.1:0 = loopback, any free port; "
+                             "a non-loopback host exposes /status to the network, control still needs the token)")
+    parser.add_argument("--run-dir", metavar="DIR",
+                        help="each job's metrics.jsonl, log.txt and checkpoint go under DIR/<job>/ "
+                             "(default runs/{YYYYmmdd-HHMMSS}-serve)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the jobs of an earlier serve in --run-dir from their checkpoints")
+    parser.add_argument("--checkpoint-every", type=int, default=100, metavar="N",
+                        help="checkpoint each job every N steps, at its end and on SIGTERM (default 100; 0 = only then)")
+    parser.add_argument("--fuse", action="store_true", help="run jobs that share a program as fused groups")
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"--address {text!r} must be HOST:PORT with PORT in 0..65535 (e.g. 127.0.0.1:8470; "
+                         "0 picks a free port)")
+    return host, int(port)
+
+
+def run(args: argparse.Namespace) -> int:
+    import datetime as _dt
+    import logging
+    import signal
+    from pathlib import Path
+
+    from xshare._errors import XShareError
+
+    try:
+        host, port = parse_address(args.address)
+    except ValueError as err:
+        return _usage(str(err))
+    if args.checkpoint_every < 0:
+        return _usage(f"--checkpoint-every {args.checkpoint_every} must be >= 0")
+    if args.resume and not args.run_dir:
+        return _usage("--resume needs the --run-dir of the service to continue")
+    from xshare.cli.spec import policies
+
+    if args.policy not in policies():
+        return _usage(f"--policy {args.policy!r} is not a policy; choose one of: {', '.join(policies())}")
+    memory = None if args.memory in (None, "device", "none") else args.memory
+    run_dir = Path(args.run_dir or f"runs/{_dt.datetime.now():%Y%m%d-%H%M%S}-serve")
+    if "" not in sys.path:  # like launch: modules next to where the service runs resolve
+        sys.path.insert(0, str(Path.cwd()))
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
+
+    stop = threading.Event()
+    old: dict[int, Any] = {}
+
+    def on_signal(signum: int, frame: Any) -> None:
+        if stop.is_set():
+            print("xshare serve: already stopping (checkpointing every job)", file=sys.stderr, flush=True)
+        stop.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):  # before the runtime: no signal is lost while it starts
+        old[sig] = signal.signal(sig, on_signal)
+    from xshare.runtime.compiler import enable_persistent_cache
+    from xshare.service.service import ANNOUNCE, Service
+
+    enable_persistent_cache()
+    try:
+        svc = Service(run_dir=run_dir, memory=memory, policy=args.policy, host=host, port=port,
+                      resume=args.resume, checkpoint_every=args.checkpoint_every or None, fuse=args.fuse)
+    except (ValueError, XShareError) as err:
+        return _usage(f"cannot start the service: {err}")
+    print(f"xshare serve: listening on http://{svc.address} (pid {__import__('os').getpid()}), "
+          f"run dir {run_dir}, token in {run_dir / ANNOUNCE}"
+          + (f", resumed {len(svc.resumed)} job(s)" if args.resume else ""), flush=True)
+    while not stop.wait(timeout=0.5):
+        pass
+    print("xshare serve: stopping: finishing steps in flight and checkpointing every job ...", flush=True)
+    missed = svc.stop()
+    if missed:
+        print(f"xshare serve: could not checkpoint {', '.join(missed)} in time", file=sys.stderr)
+    print(f"xshare serve: stopped; continue with: xshare serve --resume --run-dir {run_dir}", flush=True)
+    return EXIT_OK
+
+
+def _usage(message: str) -> int:
+    print(f"xshare serve: error: {message}", file=sys.stderr)
+    return EXIT_USAGE
