@@ -38,7 +38,7 @@ def test_launch_runs_every_job_and_writes_metrics(tmp_path, fac, capsys):
         assert {"loss", "norm", "time_s"} <= set(rows[0])
         assert re.search(rf"{re.escape(job)}\s+│ done\s+│\s+6/6 │", out), out
     resolved = json.loads((run / "spec.json").read_text())
-    assert resolved["runtime"] == {"policy": "fair", "memory": "256MiB", "quantum": 1}
+    assert resolved["runtime"] == {"policy": "fair", "memory": "256MiB", "quantum": 1, "fuse": False}
     assert [j["name"] for j in resolved["jobs"]] == ["0_lr=0.1", "1_lr=0.2"]
     assert "2 job(s)" in out and "2 done" in out
     # first loss -> final loss, from metrics.jsonl and the last progress
@@ -115,3 +115,17 @@ def test_a_job_that_can_never_fit_stops_the_launch_before_anything_runs(tmp_path
     assert err.startswith("xshare launch: error: job '0_width=4' needs ")
     assert "but the arena holds 10 B" in err and err.rstrip().endswith("Nothing was run.")
     assert not any(p.stat().st_size for p in (tmp_path / "run").glob("*/metrics.jsonl"))
+
+
+def test_fuse_dry_run_lists_the_groups_and_why_a_job_runs_alone(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sweep.toml").write_text(
+        '[runtime]\nfuse = true\n\n'
+        '[[job]]\nentry = "xshare.models.mlp:make_job"\nsteps = 5\n'
+        'params = { lr = [1e-3, 3e-4], width = 16, depth = 1, batch = 8 }\n\n'
+        '[[job]]\nentry = "xshare.models.mlp:make_job"\nsteps = 5\nparams = { width = 8, depth = 1, batch = 8 }\n')
+    assert main(["launch", "sweep.toml", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "fused group 0: 2 jobs: 0_lr=0.001, 1_lr=0.0003" in out
+    assert "2_mlp runs alone: its state or batch shapes differ from 0_lr=0.001's" in out
+    assert not (tmp_path / "runs").exists()  # a dry run creates nothing

@@ -273,7 +273,7 @@ SPEC_ERRORS = [
                  ["spec.toml: unknown top-level key 'jobs' (did you mean 'job'?). Allowed: [runtime] and [[job]] tables."],
                  id="unknown-top-key"),
     pytest.param('[runtime]\npolcy = "pack"\n[[job]]\nentry = "{fac}:make"\n',
-                 ["spec.toml: [runtime]: unknown key 'polcy' (did you mean 'policy'?). Allowed keys: policy, memory, quantum."],
+                 ["spec.toml: [runtime]: unknown key 'polcy' (did you mean 'policy'?). Allowed keys: policy, memory, quantum, fuse."],
                  id="unknown-runtime-key"),
     pytest.param('[runtime]\npolicy = "pak"\n[[job]]\nentry = "{fac}:make"\n',
                  ["[runtime] policy 'pak' is not a policy (did you mean 'pack'?). Choose one of: fifo, pack, srtf, fair, priority."],
