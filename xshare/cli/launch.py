@@ -60,6 +60,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--status-port", type=int, default=0, metavar="PORT",
         help="serve /status and /metrics on 127.0.0.1:PORT for xshare top (default 0 = any free port; -1 = off)",
     )
+    from xshare.cli import launch_ray  # --ray, --address, --actors: the sweep across Ray actors
+
+    launch_ray.add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -82,6 +85,10 @@ def run(args: argparse.Namespace) -> int:
             if plan.runtime.fuse:
                 _print_fusion(specs.build_all(plan), out)
             return EXIT_OK
+        if getattr(args, "ray", False):  # the runtime actors build the jobs, not this process
+            from xshare.cli import launch_ray
+
+            return launch_ray.run(plan, args)
         jobs = specs.build_all(plan)  # calls every factory before anything runs
     except SpecError as err:
         return _usage_error(str(err))
