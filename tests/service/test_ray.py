@@ -55,8 +55,22 @@ def check_results(run_dir, sweep, single_runtime, steps=STEPS):
         assert rows == list(range(steps)), f"{name}: metrics rows missing, repeated or out of order after a move"
 
 
-def test_sweep_on_two_actors_equals_one_runtime(local_ray, tmp_path):
-    sweep = run_sweep(sweep_requests(), run_dir=str(tmp_path), actors=2, memory="256MiB", checkpoint_every=50)
+def test_sweep_on_two_actors_equals_one_runtime(local_ray, tmp_path, capsys):
+    from xshare.cli.main import main
+
+    seen: dict[str, set] = {}
+
+    def top_ray(sweep, live):  # `xshare top --ray --json` while the sweep runs
+        if seen or not sweep.owner:
+            return
+        assert main(["top", "--ray", "--json"]) == 0
+        for doc in json.loads(capsys.readouterr().out)["runtimes"]:
+            seen[doc["actor"]] = {j["name"] for j in doc["jobs"]}
+
+    sweep = run_sweep(sweep_requests(), run_dir=str(tmp_path), actors=2, memory="256MiB", checkpoint_every=50,
+                      on_poll=top_ray)
+    assert set(seen) == {"xshare-runtime-0", "xshare-runtime-1"}
+    assert set().union(*seen.values()) == set(sweep.requests)  # every actor's jobs, all of them
     assert not sweep.refused
     assert set(sweep.owner.values()) == {"xshare-runtime-0", "xshare-runtime-1"}  # both actors got work
     check_results(tmp_path, sweep, single_runtime())
