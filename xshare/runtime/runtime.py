@@ -98,7 +98,10 @@ class Runtime:
         self.arena = Arena(capacity, max_lanes=max_lanes)
         self.quantum, self.slots, self.prefetch, self.dispatch_ahead = quantum, slots, prefetch, dispatch_ahead
         self.log_dir = Path(log_dir) if log_dir is not None else None
-        self.checkpoint_dir = Path(ckpt) if ckpt is not None and (checkpoint_every or resume) else None
+        # An explicit checkpoint_dir means checkpoints at each job's end and on stop() even
+        # without checkpoint_every (launch --checkpoint-every 0: "only on exit").
+        self.checkpoint_dir = (Path(ckpt) if ckpt is not None and (checkpoint_every or resume
+                                                                   or checkpoint_dir is not None) else None)
         self.checkpoint_every = checkpoint_every
         self._resume = resume
         use_fences = _fences_wanted(fences)
@@ -331,6 +334,7 @@ class Runtime:
             return
         try:
             if saved is not None and saved.done:
+                job.spec = job.spec.replace(start_step=saved.step)  # its steps count as done
                 self.recorder.open(job, resume_from=saved.step)
                 post(self._dispatcher.finish_now, job, saved.state, saved.metrics,
                      f"resumed: already done at step {saved.step}")
