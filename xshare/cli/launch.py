@@ -2,7 +2,10 @@
 
 Thin by design: :mod:`xshare.cli.spec` checks and expands, ``xshare.Runtime`` runs, and
 :mod:`xshare.cli.render` draws. Exit codes: 0 all jobs done, 1 a job failed or was cancelled,
-2 the spec (or the command line) is wrong and nothing was started, 130 interrupted.
+2 the spec (or the command line) is wrong and nothing was started (no directory is left
+behind), 130 interrupted by SIGINT or SIGTERM at any moment (steps in flight finish, every
+unfinished job is checkpointed; a second signal only prints a note), -9 SIGKILL (the last
+checkpoints stay valid). Either way ``--resume RUN_DIR`` continues.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -66,6 +70,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    with _Interrupts():
+        try:
+            return _launch(args)
+        except KeyboardInterrupt:  # before the runtime existed (or while it was refusing)
+            print("xshare launch: interrupted", file=sys.stderr)
+            return EXIT_INTERRUPTED
+
+
+def _launch(args: argparse.Namespace) -> int:
     from xshare._errors import SpecError
     from xshare.cli import render
     from xshare.cli import spec as specs
@@ -74,6 +87,9 @@ def run(args: argparse.Namespace) -> int:
     _cwd_on_path()
     if args.checkpoint_every is not None and args.checkpoint_every < 0:
         return _usage_error(f"--checkpoint-every {args.checkpoint_every} must be >= 0")
+    problem = _check_ports(args.status_port)
+    if problem:
+        return _usage_error(problem)
     if args.resume:
         return _resume(args, out)
     if not args.target:
@@ -92,9 +108,21 @@ def run(args: argparse.Namespace) -> int:
         jobs = specs.build_all(plan)  # calls every factory before anything runs
     except SpecError as err:
         return _usage_error(str(err))
-    run_dir = _make_run_dir(args.out, plan.stem)
-    (run_dir / "spec.json").write_text(json.dumps(_resolved(plan, run_dir), indent=2, default=str) + "\n")
-    return _run(plan, jobs, run_dir, out, args)
+    problem = _check_out(args.out)
+    if problem:
+        return _usage_error(problem)
+    try:
+        run_dir, made = _make_run_dir(args.out, plan.stem)
+    except OSError as err:
+        return _usage_error(f"cannot create the run directory: {err}")
+    code = EXIT_USAGE
+    try:
+        (run_dir / "spec.json").write_text(json.dumps(_resolved(plan, run_dir), indent=2, default=str) + "\n")
+        code = _run(plan, jobs, run_dir, out, args)
+    finally:
+        if code == EXIT_USAGE:  # refused (or failed before running): leave nothing behind
+            made.undo()
+    return code
 
 
 def _print_fusion(jobs: list[Any], out: Any) -> None:
@@ -124,6 +152,10 @@ def _resume(args: argparse.Namespace, out: Any) -> int:
         jobs = specs.build_all(plan)
     except (SpecError, ValueError) as err:
         return _usage_error(str(err))
+    except (KeyError, TypeError, AttributeError) as err:  # a spec.json edited by hand
+        what = f"lacks {err.args[0]!r}" if isinstance(err, KeyError) else f"is malformed ({err})"
+        return _usage_error(f"--resume {args.resume}: a job in {record} {what}; it is not a spec.json "
+                            "as xshare launch writes it: restore that field or start a new launch")
     return _run(plan, jobs, run_dir, out, args, resume=True)
 
 
@@ -156,17 +188,74 @@ def _cwd_on_path() -> None:
         sys.path.insert(0, str(Path.cwd()))
 
 
-def _make_run_dir(out: str | None, stem: str) -> Path:
+def _check_out(out: str | None) -> str | None:
+    """Why ``--out`` cannot be a run directory (checked before anything is created), or None."""
+    if not out:
+        return None
+    path = Path(out)
+    for p in (path, *path.parents):
+        if p.exists():
+            if not p.is_dir():
+                return (f"--out {out}: {p} exists and is not a directory; give a new or existing "
+                        "directory for the run")
+            if not os.access(p, os.W_OK | os.X_OK):
+                return f"--out {out}: cannot write in {p}; give a directory you can write to"
+            return None
+    return None
+
+
+def _check_ports(port: int) -> str | None:
+    """Why ``--status-port`` cannot be served (range, or in use on loopback), or None."""
+    if port == -1 or port == 0:
+        return None
+    if not 0 < port <= 65535:
+        return f"--status-port {port} must be 1..65535, 0 (any free port) or -1 (off)"
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError as err:
+            return (f"--status-port {port}: 127.0.0.1:{port} cannot be bound ({err.strerror}); "
+                    "pick another port, 0 for any free one, or -1 for none")
+    return None
+
+
+class _Made:
+    """What launch created for a run directory, so that a refused launch removes exactly that
+    (a pre-existing --out keeps whatever it held before)."""
+
+    def __init__(self, path: Path, top: Path | None, before: set[str]):
+        self.path, self.top, self.before = path, top, before
+
+    def undo(self) -> None:
+        import shutil
+
+        if self.top is not None:
+            shutil.rmtree(self.top, ignore_errors=True)
+            return
+        for entry in self.path.iterdir() if self.path.is_dir() else ():
+            if entry.name not in self.before:
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    entry.unlink(missing_ok=True)
+
+
+def _make_run_dir(out: str | None, stem: str) -> tuple[Path, _Made]:
     if out:
         path = Path(out)
+        top = next((p for p in reversed((path, *path.parents)) if not p.exists()), None)
+        before = {e.name for e in path.iterdir()} if path.is_dir() else set()
         path.mkdir(parents=True, exist_ok=True)
-        return path
+        return path, _Made(path, top, before)
     base = Path("runs") / f"{_dt.datetime.now():%Y%m%d-%H%M%S}-{stem}"
+    top = Path("runs") if not Path("runs").exists() else None
     path, n = base, 1
     while True:
         try:
             path.mkdir(parents=True)
-            return path
+            return path, _Made(path, top or path, set())
         except FileExistsError:  # two launches in the same second
             n += 1
             path = base.with_name(f"{base.name}-{n}")
@@ -197,8 +286,12 @@ def _run(plan: Any, jobs: list[Any], run_dir: Path, out: Any, args: argparse.Nam
     start = time.monotonic()
     # XLA's persistent compilation cache: a relaunch of the same sweep compiles nothing.
     from xshare.runtime.compiler import enable_persistent_cache
-    enable_persistent_cache()
+    from xshare.runtime.discovery import clean_stale
+    cache_dir = enable_persistent_cache()
+    clean_stale()  # discovery files of launches that were killed (SIGKILL leaves its file)
     try:
+        # checkpoint_dir given: every job checkpoints when it ends and on stop(), so
+        # --checkpoint-every 0 ("only on exit") still leaves something to resume from.
         rt = xshare.Runtime(
             **rt_opts.as_kwargs(), log_dir=str(run_dir), checkpoint_dir=str(run_dir),
             checkpoint_every=args.checkpoint_every or None, resume=resume,
@@ -216,8 +309,7 @@ def _run(plan: Any, jobs: list[Any], run_dir: Path, out: Any, args: argparse.Nam
         except XShareError as err:
             return _usage_error(f"the runtime refused the jobs: {err}. Nothing was run.")
         try:
-            with _sigterm_as_interrupt():
-                _watch(rt, handles, out, start, first_seen)
+            _watch(rt, handles, out, start, first_seen)  # SIGTERM raises here too (_Interrupts)
         except KeyboardInterrupt:
             # Finish the steps in flight, checkpoint every unfinished job, then stop:
             # `xshare launch --resume RUN_DIR` continues from exactly here.
@@ -239,6 +331,9 @@ def _run(plan: Any, jobs: list[Any], run_dir: Path, out: Any, args: argparse.Nam
     for r in failed:
         out.print(f"{r.name}: traceback in {run_dir / r.name / 'log.txt'}", markup=False, highlight=False)
     out.print(f"metrics: {run_dir}/<job>/metrics.jsonl", markup=False, highlight=False)
+    # What compiling cost this launch (XLA's persistent cache makes a relaunch's near zero).
+    out.print(f"xla: {rt.compiles} program(s) compiled in {rt.compile_s:.2f} s (cache: {cache_dir})",
+              markup=False, highlight=False)
     if code == EXIT_OK and any(r.status != "done" for r in rows):
         code = EXIT_JOB_FAILED
     return code
@@ -287,6 +382,39 @@ def _watch(rt: Any, handles: list[Any], out: Any, start: float, first_seen: dict
             next_line = now + _PLAIN_EVERY_S
         else:
             snapshot()
+
+
+class _Interrupts:
+    """SIGINT and SIGTERM (a scheduler preempting the launch) raise KeyboardInterrupt once, at
+    any moment of the launch; later ones only print a note, so the graceful stop that follows
+    (finish steps in flight, checkpoint) completes and the process exits 130 without a
+    traceback, JAX's exit handlers included. Off the main thread (a test calling ``run``) the
+    handlers are left alone."""
+
+    def __enter__(self) -> "_Interrupts":
+        import signal
+
+        self._signal, self._old, self.fired = signal, {}, False
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self._old[sig] = signal.signal(sig, self._handler)
+            except ValueError:  # not the main thread
+                break
+        return self
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        if self.fired:
+            print("xshare launch: already stopping (finishing steps in flight and checkpointing); "
+                  "SIGKILL stops at once and loses the steps since the last checkpoint",
+                  file=sys.stderr, flush=True)
+            return
+        self.fired = True
+        raise KeyboardInterrupt
+
+    def __exit__(self, *exc: Any) -> None:
+        if not self.fired:  # after an interrupt the process is exiting: keep ignoring signals
+            for sig, old in self._old.items():
+                self._signal.signal(sig, old)
 
 
 class _sigterm_as_interrupt:

@@ -18,6 +18,7 @@ One compiled executable per (program, capacity, fenced), cached process-wide lik
 from __future__ import annotations
 
 import threading
+import time
 import warnings
 from collections import deque
 from dataclasses import dataclass
@@ -44,13 +45,11 @@ class FusedProgram:
 
 _cache: dict[tuple, FusedProgram] = {}
 _lock = threading.Lock()
-compiles = 0
 
 
 def fused_program(program: CompiledStep, capacity: int, device: Any, *, fenced: bool,
                   prefetch: int) -> FusedProgram:
     """The vmapped executable of ``program`` at ``capacity`` slots (compiled once per process)."""
-    global compiles
     key = (program.key, capacity, fenced, prefetch)
     with _lock:
         hit = _cache.get(key)
@@ -77,8 +76,11 @@ def fused_program(program: CompiledStep, capacity: int, device: Any, *, fenced: 
             args.append(jax.ShapeDtypeStruct((3,), np.int32, sharding=sharding))
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-            compiled = jax.jit(fn, donate_argnums=(0, 1)).lower(*args).compile()
-        compiles += 1
+            lowered = jax.jit(fn, donate_argnums=(0, 1)).lower(*args)
+            t0 = time.perf_counter()
+            compiled = lowered.compile()
+        from .compiler import PROGRAMS
+        PROGRAMS._count(time.perf_counter() - t0)  # one ledger of XLA compiles per process
         state_bytes = capacity * tree_nbytes(program.state_struct)
         batch_bytes = capacity * tree_nbytes(program.batch_struct) + capacity
         fp = footprint_from_analysis(compiled.memory_analysis(), state_bytes=state_bytes,

@@ -148,8 +148,14 @@ class Runtime:
 
     @property
     def compiles(self) -> int:
-        """XLA compiles run by this process's program cache (shared by every Runtime)."""
+        """XLA compiles run by this process's program cache (shared by every Runtime), fused
+        group programs included."""
         return PROGRAMS.compiles
+
+    @property
+    def compile_s(self) -> float:
+        """Seconds those compiles took (a hit in XLA's persistent cache takes a fraction)."""
+        return PROGRAMS.compile_s
 
     def submit(self, spec: JobSpec) -> JobHandle:
         """Queue ``spec`` for compilation and return its handle at once (status ``compiling``).
