@@ -20,7 +20,7 @@ from flax import nnx
 
 import xshare
 
-from .common import adam, check_positive_ints, classification_loss, train_job
+from .common import adam, check_common, check_positive_ints, classification_loss, train_job
 
 IMAGE, CHANNELS_IN, CLASSES = 32, 3, 10
 MAX_SHIFT = 4
@@ -84,6 +84,7 @@ class PatternData:
 def make_job(lr: float = 1e-3, channels: int = 16, blocks: int = 2, batch: int = 32, steps: int = 100,
              seed: int = 0, name: str | None = None) -> xshare.JobSpec:
     """A bound CNN training job: Adam(lr) on a ResNet of ``blocks`` residual blocks, ``channels`` wide."""
+    check_common("cnn", lr=lr, seed=seed, steps=steps, name=name)
     check_positive_ints("cnn", channels=channels, blocks=blocks, batch=batch)
     model = ResNet(channels, blocks, rngs=nnx.Rngs(seed))
 

@@ -41,6 +41,7 @@ from flax import nnx
 import xshare
 
 from . import cnn, mlp
+from .common import HyperparameterError, check_common, check_positive_ints
 
 MODELS = ("mlp", "cnn")
 
@@ -125,7 +126,7 @@ def _model(model: str, batch: int, seed: int) -> tuple[nnx.Module, Callable[[int
     if model == "cnn":
         data = cnn.PatternData(batch, seed)
         return cnn.ResNet(16, 2, rngs=nnx.Rngs(seed)), lambda step: data(step)["x"]
-    raise ValueError(f"inference: model={model!r}; choose one of {', '.join(MODELS)}")
+    raise HyperparameterError(f"inference: model={model!r}; choose one of {', '.join(MODELS)}")
 
 
 def make_job(model: str = "mlp", rate: float = 200.0, batch: int = 8, steps: int = 200, seed: int = 0,
@@ -134,10 +135,10 @@ def make_job(model: str = "mlp", rate: float = 200.0, batch: int = 8, steps: int
     arrive at ``rate`` requests/s. Metrics per step: ``mean_max_prob`` (the mean confidence of
     the batch's predictions) and, from the observer, ``latency_p50_ms``, ``latency_p99_ms``
     (over all requests so far), ``batch_latency_ms`` (this step's mean) and ``requests``."""
-    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
-        raise ValueError(f"inference: batch={batch!r} must be a positive int")
+    check_common("inference", seed=seed, steps=steps, name=name)
+    check_positive_ints("inference", batch=batch)
     if not isinstance(rate, (int, float)) or isinstance(rate, bool) or not rate > 0:
-        raise ValueError(f"inference: rate={rate!r} must be a positive number of requests per second")
+        raise HyperparameterError(f"inference: rate={rate!r} must be a positive number of requests per second")
     net, inputs = _model(model, batch, seed)
     graphdef, params = nnx.split(net, nnx.Param)
 

@@ -12,7 +12,7 @@ from flax import nnx
 
 import xshare
 
-from .common import adam, check_positive_ints, classification_loss, train_job
+from .common import adam, check_common, check_positive_ints, classification_loss, train_job
 
 IN_DIM, CLASSES = 32, 10
 
@@ -48,6 +48,7 @@ class TeacherData:
 def make_job(lr: float = 1e-3, width: int = 128, depth: int = 2, batch: int = 64, steps: int = 200,
              seed: int = 0, name: str | None = None) -> xshare.JobSpec:
     """A bound MLP training job: Adam(lr) on ``depth`` hidden layers of ``width`` units."""
+    check_common("mlp", lr=lr, seed=seed, steps=steps, name=name)
     check_positive_ints("mlp", width=width, depth=depth, batch=batch)
     model = MLP(width, depth, rngs=nnx.Rngs(seed))
 

@@ -26,7 +26,7 @@ from flax import nnx
 
 import xshare
 
-from .common import adam, train_job
+from .common import HyperparameterError, adam, check_common, check_positive_ints, train_job
 
 CORPUS = "corpus.txt"
 
@@ -107,12 +107,10 @@ class WindowData:
 def make_job(lr: float = 3e-3, d_model: int = 64, layers: int = 2, heads: int = 4, seq: int = 64,
              batch: int = 16, steps: int = 100, seed: int = 0, name: str | None = None) -> xshare.JobSpec:
     """A bound char-LM training job: Adam(lr) on a ``layers``-block, ``d_model``-wide Transformer."""
-    for key, value in (("d_model", d_model), ("layers", layers), ("heads", heads), ("seq", seq),
-                       ("batch", batch)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"transformer: {key}={value!r} must be a positive int")
+    check_common("transformer", lr=lr, seed=seed, steps=steps, name=name)
+    check_positive_ints("transformer", d_model=d_model, layers=layers, heads=heads, seq=seq, batch=batch)
     if d_model % heads:
-        raise ValueError(f"transformer: d_model={d_model} must be a multiple of heads={heads}")
+        raise HyperparameterError(f"transformer: d_model={d_model} must be a multiple of heads={heads}")
     vocab = corpus()[0]
     data = WindowData(batch, seq, seed)
     model = CharTransformer(len(vocab), d_model, layers, heads, seq, rngs=nnx.Rngs(seed))

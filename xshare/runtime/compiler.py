@@ -25,6 +25,7 @@ import math
 import threading
 import time
 import warnings
+import weakref
 from concurrent.futures import Future
 from typing import Any, Callable
 
@@ -134,7 +135,10 @@ class ProgramCache:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._memo: dict[tuple, Future] = {}      # (job, avals, device, fenced) -> CompiledStep
+        # job -> {(fn, avals, device, fenced): CompiledStep}, weak on the job: a job the user and
+        # the runtime have let go of (finished, its handle dropped) does not keep its step
+        # function, and what its closure holds (a model's graph), for the life of the process.
+        self._memo: weakref.WeakKeyDictionary[Any, dict[tuple, Future]] = weakref.WeakKeyDictionary()
         self._programs: dict[str, Future] = {}    # program key -> CompiledStep
         self.compiles = 0                         # XLA compiles this cache ran (misses)
         self.compile_s = 0.0                      # their total time (a persistent-cache hit is quick)
@@ -149,17 +153,21 @@ class ProgramCache:
 
     def _get(self, job: Any, state: Any, batch: Any, *, device: Any, fenced: bool) -> CompiledStep:
         state_struct, batch_struct = abstract(state, device), abstract(batch, device)
-        # The Job object itself is part of the key (as in jax.jit's cache): the memo holds it, so
-        # its id cannot be reused by another function while the entry lives.
-        memo_key = (job, job.fn, _avals(state_struct), _avals(batch_struct), device, fenced)
-        fut, owner = self._claim(self._memo, memo_key)
+        # Keyed by the Job object itself (as in jax.jit's cache, weakly): an entry goes with its
+        # job, so another function can never hit it.
+        memo_key = (job.fn, _avals(state_struct), _avals(batch_struct), device, fenced)
+        with self._lock:
+            table = self._memo.get(job)
+            if table is None:
+                table = self._memo[job] = {}
+        fut, owner = self._claim(table, memo_key)
         if not owner:
             return fut.result()
         try:
             result = self._lower_and_compile(job, state_struct, batch_struct, device, fenced)
         except BaseException as err:
             with self._lock:
-                del self._memo[memo_key]  # a failed trace is not cached: the next job retries
+                del table[memo_key]  # a failed trace is not cached: the next job retries
             fut.set_exception(err)
             raise
         fut.set_result(result)

@@ -51,10 +51,36 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def clean_stale(directory: Path | None = None) -> list[Path]:
+    """Remove the discovery files of processes that are gone (a runtime killed with SIGKILL
+    cannot remove its own; the file still holds its token). Files of live processes, and
+    files this user cannot read or parse, are left alone. Returns the paths removed."""
+    directory = discovery_dir() if directory is None else directory
+    removed = []
+    try:
+        paths = list(directory.glob("*.json"))
+    except OSError:
+        return []
+    for path in paths:
+        try:
+            pid = int(json.loads(path.read_text())["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if pid != os.getpid() and not pid_alive(pid):
+            try:
+                path.unlink()
+                removed.append(path)
+            except OSError:
+                pass
+    return removed
+
+
 def discover(directory: Path | None = None) -> list[dict[str, Any]]:
     """Discovery records of the runtimes whose process is alive, oldest first. Unreadable or
-    malformed files and those of dead processes (a runtime that was killed) are skipped."""
+    malformed files are skipped; those of dead processes (a runtime that was killed) are
+    removed (:func:`clean_stale`)."""
     directory = discovery_dir() if directory is None else directory
+    clean_stale(directory)
     found = []
     try:
         paths = sorted(directory.glob("*.json"))
@@ -90,4 +116,4 @@ def write_private(path: Path, text: str) -> None:
         raise
 
 
-__all__ = ["discovery_dir", "discover", "pid_alive", "write_private", "loopback"]
+__all__ = ["discovery_dir", "discover", "clean_stale", "pid_alive", "write_private", "loopback"]
