@@ -675,9 +675,10 @@ class Dispatcher:
         if job.group is not None:
             self._leave_group(job)
         job.arrays = job.host_arrays = job.ident = None  # drop the device buffers
-        # ... and the spec's initial state and data (its result is host_state): a runtime that
-        # has run thousands of jobs must not keep every one's initial arrays alive.
-        job.spec = job.spec.replace(state=None, data=None, observer=None)
+        # ... and the spec's step, initial state and data (its result is host_state): a runtime
+        # that has run thousands of jobs must not keep every one's initial arrays and step
+        # closure (a model's graph) alive; the program cache's memo is weak on the step.
+        job.spec = job.spec.replace(job=None, state=None, data=None, observer=None)
         job.source = None
         job.batches.clear()
         self._dirty = True
