@@ -27,6 +27,8 @@ def test_priority_job_submitted_mid_run_starts_within_one_step():
         lo = rt.submit(low)
         _wait_steps(lo, 10)
         hi = rt.submit(high)
+        while hi.status() == "compiling":  # submit returns at once; ready = compiled and admitted
+            time.sleep(0.0002)
         t_ready = _clock_ns()
         hi.wait()
         lo.cancel()

@@ -72,6 +72,7 @@ class Dispatcher:
         self.groups: dict[int, Group] = {}            # fusion groups, by group id
         self._group_ids = itertools.count(GROUP_IDS)
         self._log = recorder.log_dir is not None
+        self._last_retire_ns = 0
         self._rows: list = []
         self.thread = threading.Thread(target=self._main, name="xshare-dispatcher", daemon=True)
         self.thread.start()
@@ -115,8 +116,8 @@ class Dispatcher:
         pick = None if self._draining else self._next()
         if pick is not None:
             self._dispatch(*pick)
-            while len(self._inflight) > self.ahead:
-                self._retire()
+            if len(self._inflight) > self.ahead:
+                self._retire_oldest()
             return
         if self._inflight:
             self._retire()
@@ -319,7 +320,7 @@ class Dispatcher:
         self._dirty = True
         self._settle(job)
 
-    def _retire_group(self, group: Group, steps: dict, vec: Any, t: int) -> None:
+    def _retire_group(self, group: Group, steps: dict, vec: Any, t: int, t_end: int | None) -> None:
         group.in_flight -= 1
         try:
             values = np.asarray(vec)
@@ -329,7 +330,7 @@ class Dispatcher:
                 self._fail(job, f"fused group step {step} raised: {short_error(err)}", err)
                 self._settle(job)
             return
-        t_end = time.monotonic_ns()
+        t_end = t_end or time.monotonic_ns()
         for slot, (job, step) in steps.items():
             job.in_flight -= 1
             self._retired(job, step, values[slot], t_end)
@@ -338,10 +339,26 @@ class Dispatcher:
         if self.ring is None:
             self.timeline.host_step(group, t, t_end)
 
-    def _retire(self) -> None:
+    def _retire_oldest(self) -> None:
+        """Retire the older half of the pipeline with ONE wait, on the newest step among them:
+        the older results are ready when it is, and reading them costs a copy each. With the
+        default depth (2) that is one step per wait; a deep pipeline (``dispatch_ahead=16`` on
+        a device where each wait is a costly hand-off) pays one wait per eight steps."""
+        n = max(1, (self.ahead + 1) // 2)
+        try:
+            jax.block_until_ready(self._inflight[min(n, len(self._inflight)) - 1][2])
+        except Exception:  # noqa: BLE001 - a failed step: each retire below finds its own
+            pass
+        t_prev, t_end = self._last_retire_ns, time.monotonic_ns()
+        for i in range(min(n, len(self._inflight))):
+            # Without fences, steps retired together share the interval evenly (host timing).
+            self._retire(t_prev + (t_end - max(t_prev, 0)) * (i + 1) // n if t_prev else None)
+        self._last_retire_ns = t_end
+
+    def _retire(self, t_end: int | None = None) -> None:
         job, step, vec, t = self._inflight.popleft()
         if isinstance(job, Group):
-            self._retire_group(job, step, vec, t)
+            self._retire_group(job, step, vec, t, t_end)
             return
         job.in_flight -= 1
         try:
@@ -351,7 +368,7 @@ class Dispatcher:
         except Exception as err:  # noqa: BLE001 - a step that fails on the device fails its job
             self._fail(job, f"step {step} raised: {short_error(err)}", err)
         else:
-            t_end = time.monotonic_ns()
+            t_end = t_end or time.monotonic_ns()
             self._retired(job, step, values, t_end)
             if self.ring is None:
                 self.timeline.host_step(job, t, t_end)

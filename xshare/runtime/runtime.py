@@ -57,6 +57,10 @@ class Runtime:
       log_dir: if given, each job writes ``{log_dir}/{name}/metrics.jsonl`` and ``log.txt``.
       prefetch: batches moved to the device ahead of each job's step (charged as staging memory).
       dispatch_ahead: steps kept in flight behind the executing one (0 disables pipelining).
+        When the pipeline is full its older half is retired (metrics read, steps counted) with
+        one wait: results and failures (a NaN under ``nan_policy="fail"``) are seen up to this
+        many steps late, and a newly urgent job (priority, srtf) waits behind up to this many
+        steps. Raise it where waits are expensive (a GPU stream); 2 keeps preemption prompt.
       fences: compile FFI step fences into every job (default: on unless ``XSHARE_FFI=0``).
       device: the device to own (default: ``jax.devices()[0]``).
       status_port: serve ``/status`` and ``/metrics`` over HTTP on this port (0 picks a free one)
