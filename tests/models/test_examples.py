@@ -62,3 +62,13 @@ def test_the_old_models_spelling_resolves_to_the_installed_copy_with_a_warning(t
     assert proc.returncode == 0, proc.stderr
     assert "resolves to the installed 'xshare.models.mlp': write 'xshare.models.mlp'" in proc.stderr
     assert "models.mlp:make_job" in proc.stdout
+
+
+def test_lr_sweep_plans_eight_fusable_jobs_and_runs_fused(tmp_path):
+    plan = specs.plan_file(EXAMPLES / "lr_sweep.toml")
+    assert len(plan.jobs) == 8 and plan.runtime.fuse
+    assert main(["launch", str(EXAMPLES / "lr_sweep.toml"), "--steps", "20", "--out", str(tmp_path / "run")]) == 0
+    rows = (tmp_path / "run" / plan.jobs[0].name / "metrics.jsonl").read_text().splitlines()
+    assert len(rows) == 20
+    log = (tmp_path / "run" / plan.jobs[0].name / "log.txt").read_text()
+    assert "joined group-0" in log  # it ran fused
