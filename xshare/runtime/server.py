@@ -5,7 +5,7 @@ Endpoints (JSON unless noted; every error is ``{"error": "..."}`` with a 4xx/5xx
   GET  /status                     the snapshot (schema ``xshare.status/v1``, see status.py)
   GET  /metrics                    Prometheus text format
   GET  /jobs                       ``{"jobs": [{name, status, steps_done, steps_total, priority}]}``
-  POST /jobs                       \  submit (only a service, ``xshare serve``): body
+  POST /jobs                       |  submit (only a service, ``xshare serve``): body
                                    |  ``{"jobs": [{"entry": "module:function", ...}]}``
   POST /jobs/{name}/pause          | need ``Authorization: Bearer <token>``
   POST /jobs/{name}/resume         |
