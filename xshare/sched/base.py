@@ -1,9 +1,9 @@
 """The policy Protocol and the few helpers every policy shares.
 
 A policy is a small pure object (like optax's ``GradientTransformation``): ``init()`` makes its
-state and ``pick(view, state) -> (decision, state)`` threads it explicitly. ``pick`` may be
-called many times per dispatched step (each lane thread asks, under the runtime's lock), so a
-policy must derive turns from ``JobView.last_seq``/``turn_steps``, never from counting calls.
+state and ``pick(view, state) -> (decision, state)`` threads it explicitly. The runtime asks
+on events and once per rotation (``Decision.order``), so a policy must derive turns from
+``JobView.last_seq``/``turn_steps``, never from counting calls.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from .view import Decision, JobView, View
 class Policy(Protocol):
     name: str
     exclusive: bool  # True = at most one job runs device-wide at a time
+    # Optional ``timing = True``: the decision depends on measured device time, so the runtime
+    # asks again after every rotation (default: after a few rotations, and on every event).
 
     def init(self) -> Any:
         """Initial policy state."""
