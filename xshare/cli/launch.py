@@ -70,12 +70,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    with _Interrupts():
+    global _INTERRUPTS
+    with _Interrupts() as _INTERRUPTS:
         try:
-            return _launch(args)
+            code = _launch(args)
         except KeyboardInterrupt:  # before the runtime existed (or while it was refusing)
             print("xshare launch: interrupted", file=sys.stderr)
+            code = EXIT_INTERRUPTED
+        if _INTERRUPTS.fired:
+            if code != EXIT_INTERRUPTED:  # noticed at the end: the work is done and saved
+                print("xshare launch: interrupted", file=sys.stderr)
             return EXIT_INTERRUPTED
+        return code
 
 
 def _launch(args: argparse.Namespace) -> int:
@@ -103,11 +109,13 @@ def _launch(args: argparse.Namespace) -> int:
             return EXIT_OK
         if getattr(args, "ray", False):  # the runtime actors build the jobs, not this process
             from xshare.cli import launch_ray
+            _INTERRUPTS.raising = True  # Ctrl-C raises KeyboardInterrupt in the Ray driver, as before
 
             return launch_ray.run(plan, args)
         jobs = specs.build_all(plan)  # calls every factory before anything runs
     except SpecError as err:
         return _usage_error(str(err))
+    _interrupted()
     problem = _check_out(args.out)
     if problem:
         return _usage_error(problem)
@@ -289,6 +297,7 @@ def _run(plan: Any, jobs: list[Any], run_dir: Path, out: Any, args: argparse.Nam
     from xshare.runtime.discovery import clean_stale
     cache_dir = enable_persistent_cache()
     clean_stale()  # discovery files of launches that were killed (SIGKILL leaves its file)
+    _interrupted()
     try:
         # checkpoint_dir given: every job checkpoints when it ends and on stop(), so
         # --checkpoint-every 0 ("only on exit") still leaves something to resume from.
@@ -309,7 +318,7 @@ def _run(plan: Any, jobs: list[Any], run_dir: Path, out: Any, args: argparse.Nam
         except XShareError as err:
             return _usage_error(f"the runtime refused the jobs: {err}. Nothing was run.")
         try:
-            _watch(rt, handles, out, start, first_seen)  # SIGTERM raises here too (_Interrupts)
+            _watch(rt, handles, out, start, first_seen)  # SIGINT/SIGTERM end it (_Interrupts)
         except KeyboardInterrupt:
             # Finish the steps in flight, checkpoint every unfinished job, then stop:
             # `xshare launch --resume RUN_DIR` continues from exactly here.
@@ -371,10 +380,12 @@ def _watch(rt: Any, handles: list[Any], out: Any, start: float, first_seen: dict
     if out.is_terminal:
         with Live(render.progress_table(snapshot(), 0.0), console=out, refresh_per_second=4, transient=True) as live:
             while not rt.wait(timeout=_POLL_S):
+                _interrupted()
                 live.update(render.progress_table(snapshot(), time.monotonic() - start))
         return
     next_line = start + _PLAIN_EVERY_S
     while not rt.wait(timeout=_POLL_S):
+        _interrupted()
         now = time.monotonic()
         if now >= next_line:
             for p in snapshot():
@@ -385,11 +396,19 @@ def _watch(rt: Any, handles: list[Any], out: Any, start: float, first_seen: dict
 
 
 class _Interrupts:
-    """SIGINT and SIGTERM (a scheduler preempting the launch) raise KeyboardInterrupt once, at
-    any moment of the launch; later ones only print a note, so the graceful stop that follows
-    (finish steps in flight, checkpoint) completes and the process exits 130 without a
-    traceback, JAX's exit handlers included. Off the main thread (a test calling ``run``) the
-    handlers are left alone."""
+    """SIGINT and SIGTERM (a scheduler preempting the launch), at any moment of the launch, end
+    it with exit 130 and no traceback; later ones only print a note, so the graceful stop that
+    follows (finish steps in flight, checkpoint) completes, JAX's exit handlers included.
+
+    The handler only records the signal: the launch checks it at safe points (between phases,
+    and every poll of the progress loop, where it raises KeyboardInterrupt). A KeyboardInterrupt
+    raised at an arbitrary bytecode can land in JAX's gc callback (where it is swallowed: the
+    launch ran on) or in a C extension's import (seen to crash with SIGSEGV). ``raising=True``
+    (the Ray driver) raises from the handler as Python does by default. Off the main thread (a
+    test calling ``run``) the handlers are left alone."""
+
+    def __init__(self) -> None:
+        self.fired, self.raising = False, False
 
     def __enter__(self) -> "_Interrupts":
         import signal
@@ -409,12 +428,22 @@ class _Interrupts:
                   file=sys.stderr, flush=True)
             return
         self.fired = True
-        raise KeyboardInterrupt
+        if self.raising:
+            raise KeyboardInterrupt
 
     def __exit__(self, *exc: Any) -> None:
         if not self.fired:  # after an interrupt the process is exiting: keep ignoring signals
             for sig, old in self._old.items():
                 self._signal.signal(sig, old)
+
+
+_INTERRUPTS = _Interrupts()  # the current launch's (run() replaces it)
+
+
+def _interrupted() -> None:
+    """Raise KeyboardInterrupt (on the main thread, at a safe point) once SIGINT/SIGTERM came."""
+    if _INTERRUPTS.fired:
+        raise KeyboardInterrupt
 
 
 class _sigterm_as_interrupt:
