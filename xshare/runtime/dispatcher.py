@@ -174,6 +174,8 @@ class Dispatcher:
         return None
 
     def _replan(self) -> Plan:
+        if getattr(self.policy, "timing", False):
+            self.timeline.drain()  # its decision reads device times: make them current
         flops = self.timeline.flops_per_s
         views = []
         for job in self._running.values():

@@ -42,7 +42,7 @@ def check_name(name: Any) -> str:
 
 class Recorder:
     def __init__(self, *, log_dir: Path | None, checkpoint_dir: Path | None, t0: float,
-                 tick: Callable[[], None] | None = None, tick_s: float = 0.05):
+                 tick: Callable[[], None] | None = None, tick_s: float = 0.2):
         self.log_dir, self.checkpoint_dir, self.t0 = log_dir, checkpoint_dir, t0
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._files: dict[int, Any] = {}
