@@ -313,3 +313,15 @@ def test_srtf_with_two_slots_runs_the_two_shortest_in_distinct_lanes():
     assert dict(decision.run) == {0: 2, 1: 3}
     one, _ = policy.pick(View(now=0.0, jobs=view.jobs, lanes=view.lanes, slots=1), None)
     assert dict(one.run) == {0: 2}
+
+
+@pytest.mark.parametrize("a_time, b_time, turns, why", [
+    (0.0, 0.0, 1, "equal device time: alternate, one turn each"),
+    (0.0, 0.0095, 10, "9.5 ms behind at 1 ms a step: it runs 10 turns (1 + 9 whole steps of gap)"),
+    (0.0, 5.0, 32, "far behind: capped at 32 turns per decision, the next decision continues"),
+])
+def test_fair_lets_a_starved_job_catch_up_in_one_rotation(a_time, b_time, turns, why):
+    view = View(now=0.0, lanes=(0,), jobs=(job(1, device_time_s=a_time, step_time_s=1e-3),
+                                          job(2, device_time_s=b_time, step_time_s=1e-3)))
+    decision, _ = get_policy("fair").pick(view, None)
+    assert decision.order[0] == (1,) * turns + (2,), why

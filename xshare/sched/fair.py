@@ -42,9 +42,23 @@ class Fair:
             job for job in candidates
             if job.device_time_s <= least + view.quantum * job.step_time_s
         ]
-        # Within a chosen lane, the rotation goes from least to most served: the runtime asks
-        # again after one full rotation, with the device times measured meanwhile.
-        return Decision.rotations(lanes[job.lane] for job in chosen), state
+        # Within a chosen lane the least-served job runs until it would catch up with the next
+        # one (as many turns as the gap holds of its own steps, at most _CATCH_UP), then the
+        # rest go from least to most served; the runtime asks again after that rotation, with
+        # the device times measured meanwhile.
+        return Decision.rotations(_catch_up(lanes[job.lane], view.quantum) for job in chosen), state
+
+
+_CATCH_UP = 32  # turns one decision may give a starved job (more would outlive the measurement)
+
+
+def _catch_up(jobs: list, quantum: int) -> list:
+    first = jobs[0]
+    if len(jobs) == 1:
+        return jobs
+    gap = jobs[1].device_time_s - first.device_time_s
+    turns = 1 + min(int(gap / max(first.step_time_s * quantum, 1e-12)), _CATCH_UP - 1)
+    return [first] * turns + jobs[1:]
 
 
 def _least_served(job):
