@@ -172,7 +172,9 @@ def main(argv: list[str]) -> int:
     raw = []
     for n, st in zip(ns, steps):
         runs = h.alternate({k: (lambda k=k: _spawn(k, n, st, False)) for k in CONFIGS}, args.repeats)
-        tiny = h.alternate({k: (lambda k=k: _spawn(k, n, args.trivial_steps, True)) for k in CONFIGS},
+        # The trivial runs' steady rate is read from the timeline, which keeps 100k steps.
+        tiny_steps = min(args.trivial_steps, 64_000 // n)
+        tiny = h.alternate({k: (lambda k=k: _spawn(k, n, tiny_steps, True)) for k in CONFIGS},
                            args.repeats)
         raw.append({"n": n, "steps": st, "runs": runs, "trivial": tiny})
         base = h.median(r["wall_s"] for r in runs["plain"])
