@@ -105,7 +105,7 @@ def _interrupted_mid_run(work: Path) -> None:
     assert len(done) < 2, "the launch finished before the signal; nothing was tested"
 
 
-@pytest.mark.parametrize("delay", [0.15, 0.5, 1.2])
+@pytest.mark.parametrize("delay", [0.2, 0.9])
 def test_sigint_before_the_runtime_exists_exits_130_without_traceback(work, delay):
     proc = _start(work)
     time.sleep(delay)  # python starting, jax importing, the factory building
