@@ -34,7 +34,7 @@ from .causes import dispatch_error, short_error
 from .fusion import GROUP_IDS, Group
 from .plan import Plan
 from .records import JobRecord, now_s
-from .source import END, FEED_ABOVE_S, BatchMismatch, DataError, produce
+from .source import END, FEED_ABOVE_S, FEED_ABOVE_S_CPU, BatchMismatch, DataError, produce
 from .states import Event, JobState, transition
 
 log = logging.getLogger("xshare.runtime")
@@ -73,6 +73,7 @@ class Dispatcher:
         self._group_ids = itertools.count(GROUP_IDS)
         self._log = recorder.log_dir is not None
         self._last_retire_ns = 0
+        self._feed_above = FEED_ABOVE_S_CPU if device.platform == "cpu" else FEED_ABOVE_S
         self._rows: list = []
         self.thread = threading.Thread(target=self._main, name="xshare-dispatcher", daemon=True)
         self.thread.start()
@@ -155,12 +156,12 @@ class Dispatcher:
         if isinstance(job, Group):
             for _, member in job.stepping():
                 if not member.batches and member.source is not None:
-                    produce(member, self.device, blocking=not _fed(member))
+                    produce(member, self.device, blocking=not self._fed(member))
         elif not job.batches and job.source is not None:
             # Cheap data is made here, right before the step, as a plain loop would; for fed
             # jobs the feeder is behind (its thread was not scheduled): make it here too rather
             # than idle, unless the feeder is making it right now.
-            produce(job, self.device, blocking=not _fed(job))
+            produce(job, self.device, blocking=not self._fed(job))
         if job.batches:
             return job, li, pos
         if self.policy.exclusive:
@@ -211,7 +212,7 @@ class Dispatcher:
         if batch is END or isinstance(batch, DataError):
             self._dispatch_marker(job, batch)
             return
-        if _fed(job):
+        if self._fed(job):
             self.feeder.request(job)
         program = job.program
         step = job.spec.start_step + job.dispatched
@@ -267,7 +268,7 @@ class Dispatcher:
                 self._fail(job, f"batch {step} does not match the compiled step: {bad}")
                 self._settle(job)
                 continue
-            if _fed(job):
+            if self._fed(job):
                 self.feeder.request(job)
             taken[slot] = (job, step, batch)
         if not taken:
@@ -297,11 +298,9 @@ class Dispatcher:
         for slot, (job, step, _) in taken.items():
             job.dispatched += 1
             job.in_flight += 1
+            # (A member whose last step this is stays masked in later group steps, so its
+            # final state can be read from its slot whenever it is retired: see _state_of.)
             steps[slot] = (job, step)
-            left = job.steps_left
-            if left == 0:
-                # Its last step: copy its slot out now, before the group's next step donates it.
-                job.final_arrays = fusion.take(group.arrays, slot)
         self._took_turn(group, li, pos)
         self._inflight.append((group, steps, outs[1], t))
         due = [job for job, step in steps.values() if self.checkpoint_every and job.steps_left
@@ -396,6 +395,15 @@ class Dispatcher:
             bad = [k for k, v in job.last_metrics.items() if not np.isfinite(v)]
             self._fail(job, f"non-finite metric {bad[0]}={job.last_metrics[bad[0]]} at step {step} "
                             "(nan_policy='fail')")
+
+    def _fed(self, job: JobRecord) -> bool:
+        """Whether the feeder threads make this job's batches ahead: for data slower than
+        ``FEED_ABOVE_S`` a batch on an accelerator; on CPU only for data slower than
+        ``FEED_ABOVE_S_CPU`` (I/O, decoding, a sleep), because there the step's own compute
+        keeps the cores busy and a feeder thread contends with the dispatcher for them and
+        the GIL: measured on 2 cores, a fused 8-MLP sweep whose ~0.1 ms batches were fed ran
+        at half the speed of the same sweep with its batches made inline."""
+        return job.data_s is not None and job.data_s > self._feed_above
 
     def _flush_rows(self) -> None:
         rows, self._rows = self._rows, []
@@ -498,7 +506,7 @@ class Dispatcher:
             leaves = (job.host_arrays if job.host_arrays is not None
                       else jax.tree.leaves(job.spec.state))
             values = jax.device_put(leaves, self.device, may_alias=False)
-            group.arrays = fusion.put(group.arrays, values, slot)
+            group.arrays = fusion.put(group.fused, group.arrays, values, slot)
         except Exception as err:  # noqa: BLE001
             self._fail(job, f"could not place its state in {group.name}: {short_error(err)}", err)
             self._finalize(job, Event.FAIL)
@@ -552,6 +560,16 @@ class Dispatcher:
         capacity = max(2, _pow2(len(members)))
         if capacity * 4 > group.capacity or group.in_flight:
             return
+        fenced = self.ring is not None
+        if not fusion.cached(group.program, capacity, fenced=fenced, prefetch=self.prefetch):
+            # Compiling the smaller program (here, on the dispatcher) pays only if the members
+            # have enough steps left to win that time back; a sweep ending in lockstep does not.
+            lefts = [j.steps_left for _, j in members]
+            left = None if any(x is None for x in lefts) else max(lefts, default=0)
+            saved_s = (left if left is not None else 10**6) * group.step_estimate_s(
+                self.timeline.flops_per_s) * (1 - capacity / group.capacity)
+            if saved_s < 2 * group.fused.compile_s:
+                return
         smaller = fusion.fused_program(group.program, capacity, self.device,
                                        fenced=self.ring is not None, prefetch=self.prefetch)
         if not self._resize(group, smaller):
@@ -600,14 +618,14 @@ class Dispatcher:
             job.queue_wait_s = job.started_s - (job.compiled_s if job.compiled_s is not None else job.arrival_s)
         job.prefetch_depth = self.prefetch
         want = self.prefetch - len(job.batches)
-        if want > 0 and job.source is not None and _fed(job):
+        if want > 0 and job.source is not None and self._fed(job):
             self.feeder.request(job, want)
         self._account_peak()
 
     def _state_of(self, job: JobRecord) -> Any:
         """A job's state leaves wherever they are: its own arrays, its group slot, the host."""
         if job.group is not None:
-            return fusion.take(job.group.arrays, job.slot)
+            return fusion.take(job.group.fused, job.group.arrays, job.slot)
         return job.arrays if job.arrays is not None else job.host_arrays
 
     def _place(self, job: JobRecord, lane: int) -> None:
@@ -823,11 +841,6 @@ class Dispatcher:
         for job in list(self.jobs.values()):
             self._finalize(job, Event.CANCEL)
         self._exit = True
-
-
-def _fed(job: JobRecord) -> bool:
-    """Whether the feeder threads make this job's batches ahead (see source.FEED_ABOVE_S)."""
-    return job.data_s is not None and job.data_s > FEED_ABOVE_S
 
 
 def _not_live(job: JobRecord, what: str):

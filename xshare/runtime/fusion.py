@@ -41,6 +41,9 @@ class FusedProgram:
     capacity: int
     footprint: Footprint   # persistent = capacity x one state; ephemeral from memory_analysis
     flops: float | None
+    put: Any               # (stacked leaves, one slot's leaves, slot) -> stacked leaves
+    take: Any              # (stacked leaves, slot) -> one slot's leaves
+    compile_s: float       # what compiling all three cost (to judge whether a shrink pays)
 
 
 _cache: dict[tuple, FusedProgram] = {}
@@ -79,14 +82,22 @@ def fused_program(program: CompiledStep, capacity: int, device: Any, *, fenced: 
             lowered = jax.jit(fn, donate_argnums=(0, 1)).lower(*args)
             t0 = time.perf_counter()
             compiled = lowered.compile()
+            # The slot moves at this capacity, compiled here too (on the compile pool when the
+            # group is planned there), so joining or leaving never compiles on the dispatcher.
+            slot = jax.ShapeDtypeStruct((), np.int32, sharding=sharding)
+            one = [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding)
+                   for s in jax.tree.leaves(program.state_struct)]
+            put_c = _put.lower(states, one, slot).compile()
+            take_c = _take.lower(states, slot).compile()
+        seconds = time.perf_counter() - t0
         from .compiler import PROGRAMS
-        PROGRAMS._count(time.perf_counter() - t0)  # one ledger of XLA compiles per process
+        PROGRAMS._count(seconds)  # one ledger of XLA compiles per process
         state_bytes = capacity * tree_nbytes(program.state_struct)
         batch_bytes = capacity * tree_nbytes(program.batch_struct) + capacity
         fp = footprint_from_analysis(compiled.memory_analysis(), state_bytes=state_bytes,
                                      batch_bytes=batch_bytes, prefetch=prefetch, job="fused group")
         from .compiler import _flops
-        out = FusedProgram(compiled, capacity, fp, _flops(compiled))
+        out = FusedProgram(compiled, capacity, fp, _flops(compiled), put_c, take_c, seconds)
         _cache[key] = out
         return out
 
@@ -107,13 +118,18 @@ def _gather(states, slots):
     return [x[slots] for x in states]
 
 
-def take(states: list, slot: int) -> list:
+def take(fused: FusedProgram, states: list, slot: int) -> list:
     """One slot's state leaves (new arrays: safe from the group's next donation)."""
-    return _take(states, np.int32(slot))
+    return fused.take(states, np.int32(slot))
 
 
-def put(states: list, values: list, slot: int) -> list:
-    return _put(states, values, np.int32(slot))
+def put(fused: FusedProgram, states: list, values: list, slot: int) -> list:
+    return fused.put(states, values, np.int32(slot))
+
+
+def cached(program: CompiledStep, capacity: int, *, fenced: bool, prefetch: int) -> bool:
+    """Whether ``fused_program`` for this capacity is compiled already (free to switch to)."""
+    return (program.key, capacity, fenced, prefetch) in _cache
 
 
 def regroup(states: list, slots: list[int], capacity: int) -> list:

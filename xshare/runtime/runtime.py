@@ -195,12 +195,14 @@ class Runtime:
                 dirs.add(job_dir(spec.name))
             # Jobs of one step function in one call will most likely share a program: a fused
             # group is opened with room for all of them (it still grows for later arrivals).
-            same = {}
+            # Closures made by one factory share their code object, so a sweep built by calling
+            # make_job N times counts as N, not N times 1.
+            same: dict = {}
             for spec in specs:
-                same[id(spec.job)] = same.get(id(spec.job), 0) + 1
+                same[_step_code(spec)] = same.get(_step_code(spec), 0) + 1
             for spec in specs:
                 job = JobRecord(id=next(self._ids), spec=spec, arrival_s=now_s() - self.t0,
-                                priority=spec.priority, fuse_hint=same[id(spec.job)])
+                                priority=spec.priority, fuse_hint=same[_step_code(spec)])
                 self._all[job.id] = job
                 self._dispatcher.jobs[job.id] = job  # read by the dispatcher only after an event
                 handle = JobHandle(self, job)
@@ -416,6 +418,10 @@ class _LazyFeeder:
     def close(self) -> None:
         if self._feeder is not None:
             self._feeder.close()
+
+
+def _step_code(spec: JobSpec) -> Any:
+    return getattr(spec.fn, "__code__", None) or id(spec.job)
 
 
 def _cancel_event():

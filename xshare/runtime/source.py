@@ -83,6 +83,7 @@ class BatchSource:
 # before the step, as a plain loop would: handing a batch between threads costs more than that
 # (a queue put, a thread wake-up, and the two threads taking turns at the GIL).
 FEED_ABOVE_S = 100e-6
+FEED_ABOVE_S_CPU = 1e-3  # on CPU the compute competes with the feeder for the same cores
 
 
 def produce(job: Any, device: Any, *, blocking: bool = True) -> bool:
