@@ -39,9 +39,23 @@ def _params(i: int) -> dict:
     return {"lr": LRS[i % len(LRS)], "seed": i // len(LRS), "width": 64, "depth": 2, "batch": 64}
 
 
+DATA = os.environ.get("XSHARE_FUSION_DATA", "teacher")
+
+
 def _specs(n: int, steps: int) -> list:
+    """The sweep. ``--data teacher``: each job makes its batches from its synthetic teacher
+    network (about 0.1 ms of numpy a batch, the same in every way of running); ``--data
+    cached``: 64 such batches per job made up front and cycled, so data costs nothing and the
+    figures show the runtime and the device alone."""
     from xshare.models import mlp
-    return [mlp.make_job(steps=steps, name=f"j{i}", **_params(i)) for i in range(n)]
+    specs = [mlp.make_job(steps=steps, name=f"j{i}", **_params(i)) for i in range(n)]
+    if DATA == "cached":
+        specs = [s.replace(data=_cycle([s.data(k) for k in range(64)])) for s in specs]
+    return specs
+
+
+def _cycle(batches: list):
+    return lambda k: batches[k % len(batches)]
 
 
 # ------------------------------------------------------------------------------ the child side
@@ -123,13 +137,17 @@ def main(argv: list[str]) -> int:
     p.add_argument("--ns", default="8,32")
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--data", choices=("teacher", "cached"), default="teacher",
+                   help="teacher: each batch made by its job's synthetic teacher (~0.1 ms); cached: "
+                        "batches made up front (data costs nothing)")
     args = p.parse_args(argv)
+    os.environ["XSHARE_FUSION_DATA"] = args.data  # the children build their specs from it
     if args.smoke:
         args.ns, args.steps, args.repeats = "2", 50, 1
     rows, raw = [], []
     for n in [int(x) for x in args.ns.split(",")]:
         configs = {k: (lambda k=k: _spawn(k, n, args.steps)) for k in ("plain", "pack", "fused", "vmap")}
-        if n <= 8:
+        if n <= 8 and args.data == "teacher":  # (processes always make their own data)
             configs["processes"] = lambda: _processes(n, args.steps)
         runs = h.alternate(configs, args.repeats)
         arrivals = [_spawn("arrivals", n, args.steps) for _ in range(args.repeats)]
@@ -144,9 +162,10 @@ def main(argv: list[str]) -> int:
                      h.median(r["wall_s"] for r in arrivals), "", "", h.median(r["peak_rss_bytes"] for r in arrivals) / 2**20,
                      f"{100 * h.median(r['fused_fraction'] for r in arrivals):.0f}% of steps fused"])
         print(h.markdown_table(COLUMNS, [r for r in rows if r[0] == n]), flush=True)
-    h.write_results("fusion", args.out, title="Fused sweeps: plain loop, xshare pack, fused, hand vmap, processes",
+    h.write_results("fusion" if args.data == "teacher" else f"fusion_{args.data}", args.out, title="Fused sweeps: plain loop, xshare pack, fused, hand vmap, processes",
                     columns=COLUMNS, rows=rows, machine_info=h.machine(), smoke=args.smoke,
-                    config={"ns": args.ns, "steps": args.steps, "repeats": args.repeats, "entry": ENTRY},
+                    config={"ns": args.ns, "steps": args.steps, "repeats": args.repeats, "entry": ENTRY,
+                            "data": args.data},
                     data={"runs": raw}, notes=NOTES)
     return 0
 
