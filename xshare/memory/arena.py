@@ -86,8 +86,7 @@ class Arena:
         if max_lanes is not None and (not isinstance(max_lanes, int) or max_lanes < 1):
             raise ValueError(f"max_lanes={max_lanes!r} must be an int >= 1, or None for no limit")
         self.capacity = capacity
-        # Lanes run in parallel; more lanes than the device has execution resources (CPU cores)
-        # only makes them contend, so the runtime may cap them. Jobs then share lanes.
+        # A cap on lanes makes jobs share them (and their one ephemeral reservation).
         self.max_lanes = max_lanes
         self._jobs: dict[Hashable, _Job] = {}
         self._lanes: dict[int, _Lane] = {}  # ids only grow, so insertion order is id order

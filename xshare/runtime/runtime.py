@@ -8,7 +8,8 @@
   * the arena (``xshare.memory``): the reservation ledger that admits, queues or refuses;
   * the dispatcher (``dispatcher.py``): one thread that owns picking and dispatch and every
     job's device state, event-driven, O(1) host work per step;
-  * the feeder (``source.py``): one prefetch thread for all jobs;
+  * the feeder (``source.py``): batches made inline by the dispatcher, or, for slow data, by
+    two prefetch threads shared by all jobs;
   * the recorder (``recorder.py``): one thread for every file write and the fence timeline;
   * the status server (``server.py``), which reads ``snapshot()`` only.
 Threads do not grow with the number of jobs.

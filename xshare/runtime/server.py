@@ -22,7 +22,7 @@ Reading is open to anyone who can reach the socket, which by default is only thi
 
 One ``ThreadingHTTPServer`` on a daemon thread, one short-lived thread per request: a slow or
 broken client costs one thread for at most ``_Handler.timeout`` seconds and never touches the
-lane workers, which only share the runtime's lock with us for the few dict reads of a snapshot.
+dispatcher, which a snapshot never stops (it reads single attributes).
 
 Why the standard library's server and not a web framework: five fixed routes on loopback, no
 async, no templates; ``http.server`` adds no dependency and no event loop to a process whose

@@ -1,8 +1,8 @@
-"""Batches for a job: a uniform view over its data, and the one prefetch thread of a runtime.
+"""Batches for a job: a uniform view over its data, ``produce`` (one batch, whichever thread
+makes it), and the feeder threads a runtime shares among its jobs for slow data.
 
-The prefetch thread moves batches to the device ahead of the step (``device_put`` is
-asynchronous, so the copy overlaps other jobs' steps). The queue is bounded so a fast iterator
-cannot pile batches onto the device: its depth is charged to the job as ``staging`` memory.
+Cheap data is made by the dispatcher right before the step, as in a plain loop; slow data is
+made ahead by the feeder, at most ``prefetch`` batches per job (charged as ``staging`` memory).
 """
 
 from __future__ import annotations

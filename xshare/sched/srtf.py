@@ -5,8 +5,7 @@ Each ``pick`` re-evaluates from scratch, so a shorter job that arrives between t
 the very next pick: preemption costs one step boundary, not a checkpoint.
 
 ``view.slots`` jobs run at once (default 1, Salus's single device): the shortest ones, in
-distinct lanes. On a multi-core CPU, lanes execute in parallel, and running the two shortest
-jobs at once is multi-server SRTF.
+distinct lanes, taking turns step by step (multi-server SRTF).
 """
 
 from __future__ import annotations
