@@ -60,8 +60,10 @@ class Runtime:
       dispatch_ahead: steps kept in flight behind the executing one (0 disables pipelining).
         When the pipeline is full its older half is retired (metrics read, steps counted) with
         one wait: results and failures (a NaN under ``nan_policy="fail"``) are seen up to this
-        many steps late, and a newly urgent job (priority, srtf) waits behind up to this many
-        steps. Raise it where waits are expensive (a GPU stream); 2 keeps preemption prompt.
+        many steps late, and a newly urgent job waits behind up to this many steps. Default
+        (None): 2 under the preemptive policies (srtf, priority), so preemption stays within a
+        couple of steps; 8 otherwise, where fewer waits buy throughput (measured on CPU, fifo
+        over 8 small MLPs: 0.74x -> 0.86x of a plain loop's steady rate).
       fences: compile FFI step fences into every job (default: on unless ``XSHARE_FFI=0``).
       device: the device to own (default: ``jax.devices()[0]``).
       status_port: serve ``/status`` and ``/metrics`` over HTTP on this port (0 picks a free one)
@@ -80,11 +82,14 @@ class Runtime:
 
     def __init__(self, policy: str | Any = "pack", memory: int | str | None = None, *,
                  quantum: int = 1, log_dir: str | os.PathLike | None = None, prefetch: int = 2,
-                 dispatch_ahead: int = 2, fences: bool | None = None, device: Any = None,
+                 dispatch_ahead: int | None = None, fences: bool | None = None, device: Any = None,
                  status_port: int | None = None, status_host: str = "127.0.0.1",
                  checkpoint_dir: str | os.PathLike | None = None, checkpoint_every: int | None = None,
                  resume: bool = False, max_lanes: int | None = None, slots: int = 1,
                  compile_workers: int = 1, fuse: bool = False):
+        self.policy = sched.get_policy(policy)
+        if dispatch_ahead is None:
+            dispatch_ahead = 2 if getattr(self.policy, "name", "") in ("srtf", "priority") else 8
         for name, value, low in (("quantum", quantum, 1), ("prefetch", prefetch, 1),
                                  ("dispatch_ahead", dispatch_ahead, 0), ("slots", slots, 1),
                                  ("compile_workers", compile_workers, 1)):
@@ -95,7 +100,6 @@ class Runtime:
         ckpt = checkpoint_dir if checkpoint_dir is not None else log_dir
         if (checkpoint_every is not None or resume) and ckpt is None:
             raise ValueError("checkpoint_every/resume need a checkpoint_dir (or log_dir) to keep checkpoints in")
-        self.policy = sched.get_policy(policy)
         # GPU preallocation must be configured before the backend starts (DESIGN: memory model).
         configure_preallocation()
         self.device = device if device is not None else jax.devices()[0]
