@@ -169,7 +169,7 @@ def test_control_refusals_change_nothing(served: Served):
 
 
 def test_sigterm_checkpoints_exits_0_and_resume_finishes(tmp_path):
-    steps = 1500
+    steps = 10_000  # long enough that SIGTERM lands mid-run on a fast machine
     first = Served(tmp_path)
     try:
         r = first.cli("submit", "xshare.models.mlp:make_job", "--set", "width=16", "--set", "batch=8",
