@@ -34,8 +34,6 @@ CONFIGS = ("plain", "fifo", "pack")
 # ------------------------------------------------------------------------------ the child side
 def _child(kind: str, n: int, steps: int, trivial: bool) -> dict:
     import jax
-    import jax.numpy as jnp
-    import numpy as np
     from jax import monitoring
 
     counts = {"compiles": 0, "hits": 0}
@@ -177,7 +175,6 @@ def main(argv: list[str]) -> int:
         tiny = h.alternate({k: (lambda k=k: _spawn(k, n, tiny_steps, True)) for k in CONFIGS},
                            args.repeats)
         raw.append({"n": n, "steps": st, "runs": runs, "trivial": tiny})
-        base = h.median(r["wall_s"] for r in runs["plain"])
         plain_rate = h.median(r["steady_steps_per_s"] for r in tiny["plain"])
         for k in CONFIGS:
             wall = h.median(r["wall_s"] for r in runs[k])

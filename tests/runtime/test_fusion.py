@@ -205,3 +205,36 @@ def test_the_fusion_plan_groups_same_program_jobs_and_says_why_others_run_alone(
     assert "a compile-time constant differs from baked-b's" in report.alone["baked-a"]
     assert "optax.inject_hyperparams" in report.alone["baked-b"]
     assert report.alone["narrow"].startswith("its state or batch shapes differ from j0's (state leaf 1: float32[4, 1] vs float32[8, 1])")
+
+
+def _raise_at_step_12(n):
+    if int(np.max(n)) == 12:
+        raise ValueError("host check failed at step 12")
+    return np.zeros((), np.float32)
+
+
+@xshare.job
+def raising_step(state, batch):
+    check = jax.pure_callback(_raise_at_step_12, jax.ShapeDtypeStruct((), jnp.float32), state["n"],
+                              vmap_method="sequential")
+    new_state, metrics = linreg_step.fn(state, batch)
+    return new_state, {"loss": metrics["loss"] + check}
+
+
+def test_an_exception_inside_the_fused_step_fails_every_member_a_paused_one_too_and_nothing_else():
+    specs = [raising_step.bind(linreg_state(seed=i), linreg_data(seed=i), steps=50, name=f"r{i}")
+             for i in range(3)]
+    other = linreg_step.bind(linreg_state(dim=4), linreg_data(dim=4), steps=50, name="other")
+    with xshare.Runtime(policy="pack", memory="256MiB", fuse=True) as rt:
+        handles = rt.submit_many(specs)
+        while handles[2].progress().steps_done < 3:
+            time.sleep(0.001)
+        handles[2].pause()  # its slot is in the stack the failing step donates
+        alone = rt.submit(other)  # another program: a group of its own, untouched
+        rt.wait()
+    assert [h.status() for h in handles] == ["failed"] * 3
+    assert all("fused step of group-0 raised" in h.error for h in handles)
+    assert "host check failed at step 12" in handles[0].error
+    assert alone.status() == "done"
+    assert_trees_equal(alone.result()[0], plain_loop(other)[0])
+    assert rt.snapshot()["groups"] == []

@@ -4,6 +4,7 @@ programs differ never share one (same shapes, different step functions or consta
 from __future__ import annotations
 
 import jax
+import numpy as np
 import jax.numpy as jnp
 
 import xshare
@@ -83,3 +84,28 @@ def test_submit_many_returns_before_compiling():
         assert handles[-1].status() == "compiling"
         rt.wait()
     assert all(h.status() == "done" for h in handles)
+
+
+def _cb_a(n):
+    return np.float32(1.0)
+
+
+def _cb_b(n):
+    return np.float32(2.0)
+
+
+def _with_callback(cb):
+    def step(state, batch):
+        extra = jax.pure_callback(cb, jax.ShapeDtypeStruct((), jnp.float32), state["n"])
+        return {"w": state["w"] * extra, "n": state["n"] + 1}, {"extra": extra}
+    return xshare.job(step)
+
+
+def test_steps_that_differ_only_in_their_host_callback_never_share_a_program():
+    # Their StableHLO is identical (a callback lowers to an index, not its function): sharing
+    # would run one job's callback in the other's step.
+    specs = [_with_callback(cb).bind(linreg_state(dim=3), linreg_data(dim=3), steps=3, name=f"cb{i}")
+             for i, cb in enumerate((_cb_a, _cb_b))]
+    compiles, handles = _run(specs, policy="pack")
+    assert compiles == 2
+    assert [h.result()[1]["extra"] for h in handles] == [1.0, 2.0]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import re
 import math
 import threading
 import time
@@ -129,6 +130,14 @@ def _avals(struct: Any) -> tuple:
     return treedef, tuple((tuple(x.shape), str(x.dtype)) for x in leaves)
 
 
+_HOST_CALLBACK = re.compile(r"custom_call @\w*python\w*callback")
+
+
+def has_host_callback(stablehlo: str) -> bool:
+    """Whether a lowered program calls back into Python (jax.pure_callback, io_callback, ...)."""
+    return _HOST_CALLBACK.search(stablehlo) is not None
+
+
 class ProgramCache:
     """Process-wide cache of compiled programs; thread-safe; concurrent requests for one key
     compile once (the others wait on the same future)."""
@@ -188,7 +197,13 @@ class ProgramCache:
             # once per compile, which is expected here and not actionable by the user.
             warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
             unfenced = jax.jit(flat, donate_argnums=donate).lower(state_leaves, batch_leaves)
-            digest = hashlib.sha256(unfenced.as_text().encode())
+            text = unfenced.as_text()
+            digest = hashlib.sha256(text.encode())
+            if has_host_callback(text):
+                # A host callback appears in the text as an index, not as the Python function it
+                # calls: two steps that differ only in their callbacks lower to the same text.
+                # Such a program is shared only by jobs of the same step function.
+                digest.update(f"callbacks of {id(job.fn)}".encode())
             digest.update(repr((_avals(state_struct), _avals(batch_struct), donate, str(device),
                                 fenced)).encode())
             key = digest.hexdigest()

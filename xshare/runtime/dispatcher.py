@@ -255,7 +255,7 @@ class Dispatcher:
 
     def _dispatch_group(self, group: Group, li: int, pos: int) -> None:
         """One fused step: every stepping member's own batch, stacked; idle slots masked."""
-        program, capacity = group.program, group.capacity
+        capacity = group.capacity
         taken: dict[int, tuple[JobRecord, int, list]] = {}
         for slot, job in group.stepping():
             batch = job.batches.popleft()
@@ -283,11 +283,12 @@ class Dispatcher:
             args = (group.arrays, (stacked, mask)) + ((group.ident,) if group.ident is not None else ())
             outs = group.fused.executable(*args)
         except Exception as err:  # noqa: BLE001 - an error inside the fused step
-            # The step's donated inputs are gone with it: every member of this step fails.
-            for job, step, _ in taken.values():
-                self._fail(job, f"fused group step {step} raised: {short_error(err)}", err)
+            # The step's donated inputs, the whole stack, are gone with it: every member fails,
+            # the paused ones too (their slots were in the stack). The group dissolves as the
+            # last one leaves (_finalize -> _leave_group).
+            for job in group.members:
+                self._fail(job, f"fused step of {group.name} raised: {short_error(err)}", err)
                 self._settle(job)
-            self._dissolve_if_empty(group)
             return
         group.arrays = outs[0]
         group.steps_run += 1
@@ -549,7 +550,6 @@ class Dispatcher:
         group.arrays = fusion.regroup(group.arrays, list(range(group.capacity)), bigger.capacity)
         group.slots += [None] * (bigger.capacity - group.capacity)
         group.fused = bigger
-        group.zero_batch = group.zero_batch  # per-slot shapes are unchanged
         self._dirty = True
         return group
 
@@ -585,10 +585,7 @@ class Dispatcher:
 
     def _resize(self, group: Group, fused: Any) -> bool:
         fp = fused.footprint
-        resize = getattr(self.arena, "resize", None)
-        if resize is not None:
-            return bool(resize(group.id, fp.resident, fp.ephemeral))
-        return False
+        return self.arena.resize(group.id, fp.resident, fp.ephemeral)
 
     def _leave_group(self, job: JobRecord) -> None:
         group = job.group
@@ -604,12 +601,6 @@ class Dispatcher:
         group.arrays = group.ident = None
         self._dirty = True
         self._admitted(self.arena.release(group.id))
-
-    def _dissolve_if_empty(self, group: Group) -> None:
-        if not group.members and group.id in self.groups:
-            self.groups.pop(group.id)
-            self._running.pop(group.id, None)
-            self._admitted(self.arena.release(group.id))
 
     def _started(self, job: JobRecord) -> None:
         job.state = transition(job.state, Event.ADMIT)

@@ -225,7 +225,7 @@ def plan(specs: list, device: Any = None) -> FusionPlan:
     import hashlib
     import re
 
-    from .compiler import _avals, _flat_step, abstract
+    from .compiler import _avals, _flat_step, abstract, has_host_callback
     from .source import END, BatchSource
 
     device = device if device is not None else jax.devices()[0]
@@ -244,7 +244,9 @@ def plan(specs: list, device: Any = None) -> FusionPlan:
             text = jax.jit(flat, donate_argnums=(0, 1)).lower(jax.tree.leaves(state),
                                                               jax.tree.leaves(batch)).as_text()
         avals = (_avals(state), _avals(batch))
-        key = hashlib.sha256((text + repr(avals)).encode()).hexdigest()
+        # (as in the program cache: a host callback is an index in the text, not its function)
+        callbacks = f"callbacks of {id(spec.fn)}" if has_host_callback(text) else ""
+        key = hashlib.sha256((text + repr(avals) + callbacks).encode()).hexdigest()
         keys.setdefault(key, []).append(spec.name)
         # Constants print as dense<...>: with them blanked, two texts that then match differ
         # only in baked-in values, such as a learning rate given to optax.adam(lr).

@@ -42,6 +42,7 @@ from .handle import JobHandle
 from .recorder import Recorder, check_name, job_dir
 from .records import JobRecord, Progress, StepRecord, now_s
 from .source import END, BatchSource
+from .states import Event
 from .timing import Timeline
 
 log = logging.getLogger("xshare.runtime")
@@ -319,7 +320,7 @@ class Runtime:
         self._dispatcher.thread.join(timeout=10)
         for job in self._all.values():  # anything the dispatcher never saw (compiling)
             if not job.terminal:
-                self._dispatcher._finalize(job, _cancel_event())
+                self._dispatcher._finalize(job, Event.CANCEL)
         self.feeder.close()
         self.recorder.close()
         if self._ring is not None:
@@ -427,11 +428,6 @@ class _LazyFeeder:
 
 def _step_code(spec: JobSpec) -> Any:
     return getattr(spec.fn, "__code__", None) or id(spec.job)
-
-
-def _cancel_event():
-    from .states import Event
-    return Event.CANCEL
 
 
 def _fences_wanted(fences: bool | None) -> bool:
