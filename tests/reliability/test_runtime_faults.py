@@ -225,6 +225,27 @@ def test_jobs_cancelled_while_compiling_log_cleanly_and_leak_no_file(tmp_path, c
         assert "cancelled after 0 steps" in (tmp_path / f"c{k}" / "log.txt").read_text()
 
 
+def test_a_job_done_before_the_recorder_reaches_its_open_keeps_every_metrics_row(tmp_path):
+    """The recorder runs behind the dispatcher: a short job can be done before its queued open
+    is written. Its rows (queued after the open) must still land in metrics.jsonl (CI lost a
+    whole file this way when the open asked job.state instead of the queue's order)."""
+    gate = threading.Event()
+    rec = recorder.Recorder(log_dir=tmp_path, checkpoint_dir=None, t0=0.0)
+    try:
+        rec._queue.put((gate.wait, ()))  # the recorder is busy: everything below queues up
+        program = type("P", (), {"metric_names": ("loss",)})()
+        job = type("J", (), {"id": 7, "name": "fast", "terminal": True, "program": program})()
+        rec.open(job)
+        rec.metrics_rows([(job, k, 0.0, np.array([float(k)]), None) for k in range(3)])
+        rec.close_job(job)
+        gate.set()
+        assert rec.flush()
+    finally:
+        rec.close()
+    rows = [json.loads(ln) for ln in (tmp_path / "fast" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["loss"] for r in rows] == [0.0, 1.0, 2.0]
+
+
 def test_resume_drops_a_torn_metrics_line_and_logs_where_it_resumed(tmp_path, caplog):
     """A launch killed mid-write (or a full disk) leaves a torn last line in metrics.jsonl: the
     resume drops it with a warning, says "resumed at step N" in log.txt, and ends exact."""

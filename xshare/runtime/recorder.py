@@ -47,6 +47,9 @@ class Recorder:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._files: dict[int, Any] = {}
         self._broken: set[int] = set()
+        # Jobs whose close_job came before their open (cancelled while compiling). Read and
+        # written on the recorder thread only; an id leaves when its late open arrives.
+        self._closed_early: set[int] = set()
         self._tick, self._tick_s = tick, tick_s
         self._thread = threading.Thread(target=self._run, name="xshare-recorder", daemon=True)
         self._thread.start()
@@ -70,7 +73,8 @@ class Recorder:
         self._queue.put((self._checkpoint, (job, step, state, metrics, done)))
 
     def close_job(self, job: Any) -> None:
-        self._queue.put((self._close_job, (job,)))
+        if self.log_dir is not None:
+            self._queue.put((self._close_job, (job,)))
 
     def flush(self, timeout: float | None = 30.0) -> bool:
         """Wait until everything posted so far is written."""
@@ -136,9 +140,12 @@ class Recorder:
                         keep.append(ln)
                 path.write_text("".join(ln + "\n" for ln in keep))
             (d / "log.txt").touch()
-            if job.terminal:
-                # Cancelled while compiling: its close_job may already have run, and a file
-                # opened now would never be closed (one leaked descriptor per such job).
+            if job.id in self._closed_early:
+                # Cancelled while compiling: its close_job already ran, and a file opened now
+                # would never be closed (one leaked descriptor per such job). Asked of this
+                # queue's order, not of job.state: a fast job can be done before the recorder
+                # reaches its open, and its rows (queued after the open) still need the file.
+                self._closed_early.discard(job.id)
                 return
             self._files[job.id] = open(path, "a", buffering=1 << 16)
         except OSError as err:
@@ -186,7 +193,10 @@ class Recorder:
             self._line(job, f"checkpoint at step {step} failed: {short_error(err)}")
 
     def _close_job(self, job: Any) -> None:
-        _quiet_close(self._files.pop(job.id, None))
+        f = self._files.pop(job.id, None)
+        if f is None and job.id not in self._broken:
+            self._closed_early.add(job.id)
+        _quiet_close(f)
 
 
 def _quiet_close(f: Any) -> None:
