@@ -20,7 +20,7 @@ from flax import nnx
 
 import xshare
 
-from .common import adam, check_common, check_positive_ints, classification_loss, train_job
+from .common import ADAM, adam, check_common, check_positive_ints, classification_loss, train_job
 
 IMAGE, CHANNELS_IN, CLASSES = 32, 3, 10
 MAX_SHIFT = 4
@@ -88,7 +88,7 @@ def make_job(lr: float = 1e-3, channels: int = 16, blocks: int = 2, batch: int =
     check_positive_ints("cnn", channels=channels, blocks=blocks, batch=batch)
     model = ResNet(channels, blocks, rngs=nnx.Rngs(seed))
 
-    step, state = train_job(model, adam(lr), classification_loss, name="cnn")
+    step, state = train_job(model, adam(lr), classification_loss, name="cnn", tx_key=ADAM)
     return step.bind(state, PatternData(batch, seed), steps=steps, name=name or f"cnn-c{channels}-s{seed}",
                      meta={"model": "cnn", "lr": lr, "channels": channels, "blocks": blocks, "batch": batch,
                            "seed": seed})

@@ -26,7 +26,7 @@ from flax import nnx
 
 import xshare
 
-from .common import HyperparameterError, adam, check_common, check_positive_ints, train_job
+from .common import ADAM, HyperparameterError, adam, check_common, check_positive_ints, train_job
 
 CORPUS = "corpus.txt"
 
@@ -104,6 +104,14 @@ class WindowData:
         return {"x": np.ascontiguousarray(windows[:, :-1]), "y": np.ascontiguousarray(windows[:, 1:])}
 
 
+def _lm_loss(model: nnx.Module, batch: dict) -> tuple:
+    """Next-character cross-entropy, and the same in bits per character. (Module level, not a
+    closure per job: jobs of one shape then share one step function and one trace.)"""
+    logits = model(batch["x"])
+    loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
+    return loss, {"bits_per_char": loss / math.log(2)}
+
+
 def make_job(lr: float = 3e-3, d_model: int = 64, layers: int = 2, heads: int = 4, seq: int = 64,
              batch: int = 16, steps: int = 100, seed: int = 0, name: str | None = None) -> xshare.JobSpec:
     """A bound char-LM training job: Adam(lr) on a ``layers``-block, ``d_model``-wide Transformer."""
@@ -115,12 +123,7 @@ def make_job(lr: float = 3e-3, d_model: int = 64, layers: int = 2, heads: int = 
     data = WindowData(batch, seq, seed)
     model = CharTransformer(len(vocab), d_model, layers, heads, seq, rngs=nnx.Rngs(seed))
 
-    def loss_fn(model, batch):
-        logits = model(batch["x"])
-        loss = optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
-        return loss, {"bits_per_char": loss / math.log(2)}
-
-    step, state = train_job(model, adam(lr), loss_fn, name="transformer")
+    step, state = train_job(model, adam(lr), _lm_loss, name="transformer", tx_key=ADAM)
     return step.bind(state, data, steps=steps, name=name or f"transformer-d{d_model}-s{seed}",
                      meta={"model": "transformer", "lr": lr, "d_model": d_model, "layers": layers,
                            "heads": heads, "seq": seq, "batch": batch, "seed": seed,

@@ -34,7 +34,7 @@ from .causes import dispatch_error, short_error
 from .fusion import GROUP_IDS, Group
 from .plan import Plan
 from .records import JobRecord, now_s
-from .source import END, FEED_ABOVE_S, FEED_ABOVE_S_CPU, BatchMismatch, DataError, produce
+from .source import END, FEED_ABOVE_S, FEED_ABOVE_S_CPU, BatchMismatch, DataError, own, produce
 from .states import Event, JobState, transition
 
 log = logging.getLogger("xshare.runtime")
@@ -154,25 +154,42 @@ class Dispatcher:
         li, pos = plan.lane, plan.idx[plan.lane]
         job = plan.job_at(li, pos)
         if isinstance(job, Group):
-            for _, member in job.stepping():
-                if not member.batches and member.source is not None:
-                    produce(member, self.device, blocking=not self._fed(member))
-        elif not job.batches and job.source is not None:
-            # Cheap data is made here, right before the step, as a plain loop would; for fed
-            # jobs the feeder is behind (its thread was not scheduled): make it here too rather
-            # than idle, unless the feeder is making it right now.
-            produce(job, self.device, blocking=not self._fed(job))
-        if job.batches:
-            return job, li, pos
+            if self._group_ready(job, make=True):
+                return job, li, pos
+        else:
+            if not job.batches and job.source is not None:
+                # Cheap data is made here, right before the step, as a plain loop would; for
+                # fed jobs the feeder is behind (its thread was not scheduled): make it here
+                # too rather than idle, unless the feeder is making it right now.
+                produce(job, self.device, blocking=not self._fed(job))
+            if job.batches:
+                return job, li, pos
         if self.policy.exclusive:
             # Exclusive policies give the device to the chosen jobs only: one waiting for its
             # data keeps it (the device idles, as under exclusive allocation).
             return None
         for li, pos in plan.candidates():
             job = plan.job_at(li, pos)
-            if job.batches:
+            if self._group_ready(job, make=False) if isinstance(job, Group) else job.batches:
                 return job, li, pos
         return None
+
+    def _group_ready(self, group: Group, *, make: bool) -> bool:
+        """Whether every member that takes part in ``group``'s next step has its batch (making
+        the missing ones if ``make``). The members found are kept in ``group.now`` for the
+        dispatch that follows at once (one walk over the slots per step, not three)."""
+        members = group.stepping()
+        group.now = None
+        if not members:
+            return False
+        for _, member in members:
+            if not member.batches:
+                if make and member.source is not None:
+                    produce(member, self.device, blocking=not self._fed(member))
+                if not member.batches:
+                    return False
+        group.now = members
+        return True
 
     def _replan(self) -> Plan:
         if getattr(self.policy, "timing", False):
@@ -257,17 +274,22 @@ class Dispatcher:
         """One fused step: every stepping member's own batch, stacked; idle slots masked."""
         capacity = group.capacity
         taken: dict[int, tuple[JobRecord, int, list]] = {}
-        for slot, job in group.stepping():
+        members, group.now = group.now or group.stepping(), None
+        shapes = group.batch_shapes
+        for slot, job in members:
             batch = job.batches.popleft()
             if batch is END or isinstance(batch, DataError):
                 self._dispatch_marker(job, batch)
                 continue
             step = job.spec.start_step + job.dispatched
-            bad = _shape_mismatch(batch, group.zero_batch)
-            if bad:
-                self._fail(job, f"batch {step} does not match the compiled step: {bad}")
-                self._settle(job)
-                continue
+            if len(batch) != len(shapes) or any(
+                    getattr(x, "shape", None) != shp or getattr(x, "dtype", None) != dt
+                    for x, (shp, dt) in zip(batch, shapes)):
+                bad = _shape_mismatch(batch, group.zero_batch)
+                if bad:
+                    self._fail(job, f"batch {step} does not match the compiled step: {bad}")
+                    self._settle(job)
+                    continue
             if self._fed(job):
                 self.feeder.request(job)
             taken[slot] = (job, step, batch)
@@ -334,9 +356,10 @@ class Dispatcher:
                 self._settle(job)
             return
         t_end = t_end or time.monotonic_ns()
+        finite = np.isfinite(values).all(axis=1)  # once for the group, not once per member
         for slot, (job, step) in steps.items():
             job.in_flight -= 1
-            self._retired(job, step, values[slot], t_end)
+            self._retired(job, step, values[slot], t_end, finite=bool(finite[slot]))
             if job.in_flight == 0:
                 self._settle(job)
         if self.ring is None:
@@ -378,7 +401,8 @@ class Dispatcher:
         if job.in_flight == 0:
             self._settle(job)
 
-    def _retired(self, job: JobRecord, step: int, values: Any, t_end: int) -> None:
+    def _retired(self, job: JobRecord, step: int, values: Any, t_end: int, *,
+                 finite: bool | None = None) -> None:
         """Account one completed step of ``job`` with its metrics vector."""
         # A step that completed counts even if the job failed after it was dispatched (a
         # later batch was bad): its work is real and its metrics are logged.
@@ -392,7 +416,7 @@ class Dispatcher:
             self._rows.append((job, step, t_end / 1e9, values, job.extra_metrics))
             if len(self._rows) >= 256:
                 self._flush_rows()
-        if job.spec.nan_policy == "fail" and not np.isfinite(values).all():
+        if job.spec.nan_policy == "fail" and not (np.isfinite(values).all() if finite is None else finite):
             bad = [k for k, v in job.last_metrics.items() if not np.isfinite(v)]
             self._fail(job, f"non-finite metric {bad[0]}={job.last_metrics[bad[0]]} at step {step} "
                             "(nan_policy='fail')")
@@ -591,6 +615,12 @@ class Dispatcher:
         group = job.group
         group.slots[job.slot] = None
         job.group = job.slot = None
+        with job.feed_lock:
+            # Its queued batches were made for stacking, not copied (source.produce): it may
+            # step alone next, and a solo step donates its batch, so they are owned now.
+            queued = list(job.batches)
+            job.batches.clear()
+            job.batches.extend(own(b, self.device) if isinstance(b, list) else b for b in queued)
         if group.members:
             self._shrink(group)
             return

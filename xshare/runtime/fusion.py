@@ -31,6 +31,7 @@ import numpy as np
 from .. import ffi
 from ..memory.footprint import Footprint, footprint_from_analysis
 from .compiler import CompiledStep, tree_nbytes
+from .states import JobState
 
 GROUP_IDS = 1 << 30  # group ids live above job ids: fences and the timeline tell them apart
 
@@ -157,6 +158,8 @@ class Group:
         self.error = None
         zeros = [np.zeros(s.shape, s.dtype) for s in jax.tree.leaves(program.batch_struct)]
         self.zero_batch = zeros         # what an idle slot is fed (its result is masked away)
+        self.batch_shapes = [(z.shape, z.dtype) for z in zeros]  # a member's batch must match
+        self.now: list | None = None    # the members of the step being dispatched (dispatcher)
 
     # What the policy sees of a group (sched/ docs: a group is one runnable unit).
     @property
@@ -168,9 +171,10 @@ class Group:
         return [j for j in self.slots if j is not None]
 
     def stepping(self) -> list[tuple[int, Any]]:
-        from .states import JobState
+        """(slot, member) of the members that take part in the next group step."""
+        running = JobState.RUNNING
         return [(i, j) for i, j in enumerate(self.slots)
-                if j is not None and j.state is JobState.RUNNING and j.error is None and j.steps_left != 0]
+                if j is not None and j.state is running and j.error is None and j.steps_left != 0]
 
     @property
     def arrival_s(self) -> float:

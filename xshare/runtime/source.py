@@ -109,7 +109,9 @@ def produce(job: Any, device: Any, *, blocking: bool = True) -> bool:
                 if treedef != job.program.batch_def:
                     raise BatchMismatch(f"batch {step} does not match the compiled step: its structure "
                                         f"is {treedef}, expected {job.program.batch_def}")
-                batch = _own(leaves, device)
+                # A group member's leaves are copied when its group stacks them (np.stack): a
+                # copy here would be a second one per leaf per step.
+                batch = leaves if job.group is not None else own(leaves, device)
         except BaseException as err:  # noqa: BLE001 - any failure of user data fails the job
             batch = DataError(step, err)
         dt = time.perf_counter() - t0
@@ -125,7 +127,7 @@ def produce(job: Any, device: Any, *, blocking: bool = True) -> bool:
         job.feed_lock.release()
 
 
-def _own(leaves: list, device: Any) -> list:
+def own(leaves: list, device: Any) -> list:
     """Batch leaves the runtime owns (it donates every batch, so it must never consume an array
     the user still holds). On CPU a numpy copy is all it takes, and the executable's C++ call
     path takes numpy at a few microseconds where ``device_put`` costs tens; elsewhere the
