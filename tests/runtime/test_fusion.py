@@ -238,3 +238,30 @@ def test_an_exception_inside_the_fused_step_fails_every_member_a_paused_one_too_
     assert alone.status() == "done"
     assert_trees_equal(alone.result()[0], plain_loop(other)[0])
     assert rt.snapshot()["groups"] == []
+
+
+def test_slot_moves_give_the_same_stack_on_the_host_on_the_device_and_while_compiling():
+    """A group forms on the host, moves slots with compiled put/take once it stepped, and
+    falls back to a host copy while those still compile: all three must agree exactly."""
+    from concurrent.futures import Future
+
+    from xshare.runtime import fusion
+    from xshare.runtime.compiler import PROGRAMS
+
+    device = jax.devices()[0]
+    state, data = linreg_state(), linreg_data()
+    program = PROGRAMS.get(linreg_step, state, data(0), device=device, fenced=False, compile=False)
+    ready = fusion.fused_program(program, 4, device, fenced=False, prefetch=1)
+    ready.moves.result()
+    compiling = fusion.FusedProgram(ready.executable, 4, ready.footprint, ready.flops, Future(), 0.0)
+    one = [np.full(x.shape, 7, x.dtype) for x in jax.tree.leaves(state)]
+
+    host = fusion.put(ready, fusion.host_stack(program, 4), one, 2)
+    assert fusion.on_host(host)
+    on_device = fusion.put(ready, jax.device_put(fusion.host_stack(program, 4), device), one, 2)
+    fallback = fusion.put(compiling, jax.device_put(fusion.host_stack(program, 4), device), one, 2)
+    assert not fusion.on_host(on_device) and fusion.on_host(fallback)
+    for stack in (host, on_device, fallback):
+        for fused in (ready, compiling):
+            assert_trees_equal(fusion.take(fused, stack, 2), one)
+            assert all(float(np.abs(np.asarray(x)).max()) == 0 for x in fusion.take(fused, stack, 1))

@@ -300,6 +300,8 @@ class Dispatcher:
         mask[list(taken)] = True
         stacked = [np.stack([taken[s][2][i] if s in taken else zero for s in range(capacity)])
                    for i, zero in enumerate(group.zero_batch)]
+        if fusion.on_host(group.arrays):  # its first step: the stack its members joined goes over
+            group.arrays = jax.device_put(group.arrays, self.device)
         t = time.monotonic_ns()
         try:
             args = (group.arrays, (stacked, mask)) + ((group.ident,) if group.ident is not None else ())
@@ -530,8 +532,7 @@ class Dispatcher:
         try:
             leaves = (job.host_arrays if job.host_arrays is not None
                       else jax.tree.leaves(job.spec.state))
-            values = jax.device_put(leaves, self.device, may_alias=False)
-            group.arrays = fusion.put(group.fused, group.arrays, values, slot)
+            group.arrays = fusion.put(group.fused, group.arrays, leaves, slot)
         except Exception as err:  # noqa: BLE001
             self._fail(job, f"could not place its state in {group.name}: {short_error(err)}", err)
             self._finalize(job, Event.FAIL)
@@ -556,8 +557,7 @@ class Dispatcher:
         if not isinstance(placed, Admitted):  # pragma: no cover - checked above
             self.arena.release(gid)
             return None
-        zeros = [np.zeros((capacity, *s.shape), s.dtype) for s in jax.tree.leaves(program.state_struct)]
-        arrays = jax.device_put(zeros, self.device)
+        arrays = fusion.host_stack(program, capacity)
         ident = (jax.device_put(ffi.ident(self.ring, gid, placed.lane_id), self.device)
                  if self.ring is not None else None)
         group = Group(gid, program, fused, placed.lane_id, arrays, ident)

@@ -21,6 +21,7 @@ import threading
 import time
 import warnings
 from collections import deque
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,9 +43,8 @@ class FusedProgram:
     capacity: int
     footprint: Footprint   # persistent = capacity x one state; ephemeral from memory_analysis
     flops: float | None
-    put: Any               # (stacked leaves, one slot's leaves, slot) -> stacked leaves
-    take: Any              # (stacked leaves, slot) -> one slot's leaves
-    compile_s: float       # what compiling all three cost (to judge whether a shrink pays)
+    moves: Future          # -> (put, take): (stacked, one slot's leaves, slot) -> stacked; (stacked, slot) -> leaves
+    compile_s: float       # what compiling the step cost (to judge whether a shrink pays)
 
 
 _cache: dict[tuple, FusedProgram] = {}
@@ -78,18 +78,21 @@ def fused_program(program: CompiledStep, capacity: int, device: Any, *, fenced: 
         if fenced:
             fn = ffi.fenced(body, donated=True)
             args.append(jax.ShapeDtypeStruct((3,), np.int32, sharding=sharding))
+        t0 = time.perf_counter()
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-            lowered = jax.jit(fn, donate_argnums=(0, 1)).lower(*args)
-            t0 = time.perf_counter()
-            compiled = lowered.compile()
-            # The slot moves at this capacity, compiled here too (on the compile pool when the
-            # group is planned there), so joining or leaving never compiles on the dispatcher.
-            slot = jax.ShapeDtypeStruct((), np.int32, sharding=sharding)
-            one = [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding)
-                   for s in jax.tree.leaves(program.state_struct)]
-            put_c = _put.lower(states, one, slot).compile()
-            take_c = _take.lower(states, slot).compile()
+            compiled = jax.jit(fn, donate_argnums=(0, 1)).lower(*args).compile()
+        # The slot moves at this capacity compile afterwards, on a thread of their own: a group
+        # forms on the host (see ``put``) and needs them only when a member joins a group that
+        # already stepped, or leaves it, so its first step does not wait for them. Compiled
+        # ahead (not when first needed) so joining or leaving never compiles on the dispatcher.
+        slot = jax.ShapeDtypeStruct((), np.int32, sharding=sharding)
+        one = [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding)
+               for s in jax.tree.leaves(program.state_struct)]
+        moves: Future = Future()
+        threading.Thread(target=_compile_into, name="xshare-compile-moves", daemon=True,
+                         args=(moves, lambda: (_put.lower(states, one, slot).compile(),
+                                               _take.lower(states, slot).compile()))).start()
         seconds = time.perf_counter() - t0
         from .compiler import PROGRAMS
         PROGRAMS._count(seconds)  # one ledger of XLA compiles per process
@@ -98,9 +101,16 @@ def fused_program(program: CompiledStep, capacity: int, device: Any, *, fenced: 
         fp = footprint_from_analysis(compiled.memory_analysis(), state_bytes=state_bytes,
                                      batch_bytes=batch_bytes, prefetch=prefetch, job="fused group")
         from .compiler import _flops
-        out = FusedProgram(compiled, capacity, fp, _flops(compiled), put_c, take_c, seconds)
+        out = FusedProgram(compiled, capacity, fp, _flops(compiled), moves, seconds)
         _cache[key] = out
         return out
+
+
+def _compile_into(future: Future, compile_fn: Any) -> None:
+    try:
+        future.set_result(compile_fn())
+    except BaseException as err:  # noqa: BLE001 - raised where the result is read
+        future.set_exception(err)
 
 
 # Slot moves: one small jitted call each, not one dispatch per leaf.
@@ -119,13 +129,37 @@ def _gather(states, slots):
     return [x[slots] for x in states]
 
 
+def on_host(states: list) -> bool:
+    """Whether a group's stack is still the host copy it was formed in (it has not stepped)."""
+    return not states or type(states[0]) is np.ndarray
+
+
+def host_stack(program: CompiledStep, capacity: int) -> list:
+    """A new group's stack, on the host: members are written into it in place (no compile,
+    no dispatch), and it goes to the device with the group's first step."""
+    return [np.zeros((capacity, *s.shape), s.dtype) for s in jax.tree.leaves(program.state_struct)]
+
+
 def take(fused: FusedProgram, states: list, slot: int) -> list:
     """One slot's state leaves (new arrays: safe from the group's next donation)."""
-    return fused.take(states, np.int32(slot))
+    if on_host(states) or not fused.moves.done():
+        # (the moves still compiling: one copy of the stack to the host beats waiting for them)
+        return [np.array(x[slot]) for x in jax.device_get(states)]
+    return fused.moves.result()[1](states, np.int32(slot))
 
 
 def put(fused: FusedProgram, states: list, values: list, slot: int) -> list:
-    return fused.put(states, values, np.int32(slot))
+    """``states`` with ``values`` in ``slot``: written in place while the stack is on the host;
+    while the moves still compile (a member joins right after its group's first steps), the
+    stack comes back to the host rather than the dispatcher waiting for them."""
+    if not on_host(states) and not fused.moves.done():
+        states = [np.array(x) for x in jax.device_get(states)]
+    if on_host(states):
+        for x, v in zip(states, values):
+            x[slot] = np.asarray(v)
+        return states
+    return fused.moves.result()[0](states, jax.device_put(values, states[0].sharding, may_alias=False),
+                                   np.int32(slot))
 
 
 def cached(program: CompiledStep, capacity: int, *, fenced: bool, prefetch: int) -> bool:
@@ -137,6 +171,8 @@ def regroup(states: list, slots: list[int], capacity: int) -> list:
     """The states of ``slots`` (in that order) in a stack of ``capacity`` slots, zero-padded."""
     idx = np.zeros((capacity,), np.int32)
     idx[:len(slots)] = slots
+    if on_host(states):
+        return [x[idx] for x in states]
     return _gather(states, idx)
 
 
