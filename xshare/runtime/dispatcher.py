@@ -31,7 +31,7 @@ from .._units import format_bytes
 from ..memory import Admitted
 from . import fusion
 from .causes import dispatch_error, short_error
-from .fusion import GROUP_IDS, Group
+from .fusion import GROUP_IDS, GROUP_INFLIGHT_BYTES, Group
 from .plan import Plan
 from .records import JobRecord, now_s
 from .source import END, FEED_ABOVE_S, FEED_ABOVE_S_CPU, BatchMismatch, DataError, own, produce
@@ -46,10 +46,12 @@ class Dispatcher:
     def __init__(self, *, policy: Any, arena: Any, device: Any, feeder: Any, recorder: Any,
                  timeline: Any, ring: int | None, quantum: int, slots: int, dispatch_ahead: int,
                  prefetch: int, checkpoint_every: int | None, checkpoint_dir: Any, t0: float,
-                 capacity_source: str, on_end: Callable[[JobRecord], None], fuse: bool = False):
+                 capacity_source: str, on_end: Callable[[JobRecord], None], fuse: bool = False,
+                 group_ahead: int | None = None):
         self.policy, self.arena, self.device = policy, arena, device
         self.feeder, self.recorder, self.timeline, self.ring = feeder, recorder, timeline, ring
         self.quantum, self.slots, self.ahead, self.prefetch = quantum, slots, dispatch_ahead, prefetch
+        self.group_ahead = dispatch_ahead if group_ahead is None else group_ahead
         self.checkpoint_every, self.checkpoint_dir = checkpoint_every, checkpoint_dir
         self.t0, self.capacity_source, self._on_end = t0, capacity_source, on_end
         self.jobs: dict[int, JobRecord] = {}          # every live job, by id
@@ -117,8 +119,9 @@ class Dispatcher:
         pick = None if self._draining else self._next()
         if pick is not None:
             self._dispatch(*pick)
-            if len(self._inflight) > self.ahead:
-                self._retire_oldest()
+            depth = self._group_depth(pick[0]) if isinstance(pick[0], Group) else self.ahead
+            if len(self._inflight) > depth:
+                self._retire_oldest(depth)
             return
         if self._inflight:
             self._retire()
@@ -367,12 +370,22 @@ class Dispatcher:
         if self.ring is None:
             self.timeline.host_step(group, t, t_end)
 
-    def _retire_oldest(self) -> None:
+    def _group_depth(self, group: Group) -> int:
+        """How many steps may be in flight behind a group's: ``group_ahead``, as long as their
+        stacked batches stay under ``GROUP_INFLIGHT_BYTES``. A group step makes N members'
+        batches on the host, so host hiccups (a data source making its batches in blocks, the
+        GIL) are N times larger than a solo job's; a deeper pipeline lets the device ride them
+        out (measured: 32 jobs fused ran 0.98x a hand-written vmap loop at depth 32, 0.89x at 8)."""
+        if self.group_ahead <= self.ahead:
+            return self.ahead
+        return max(self.ahead, min(self.group_ahead, GROUP_INFLIGHT_BYTES // max(group.step_batch_bytes, 1)))
+
+    def _retire_oldest(self, depth: int | None = None) -> None:
         """Retire the older half of the pipeline with ONE wait, on the newest step among them:
         the older results are ready when it is, and reading them costs a copy each. With the
         default depth (2) that is one step per wait; a deep pipeline (``dispatch_ahead=16`` on
         a device where each wait is a costly hand-off) pays one wait per eight steps."""
-        n = max(1, (self.ahead + 1) // 2)
+        n = max(1, ((self.ahead if depth is None else depth) + 1) // 2)
         try:
             jax.block_until_ready(self._inflight[min(n, len(self._inflight)) - 1][2])
         except Exception:  # noqa: BLE001 - a failed step: each retire below finds its own

@@ -35,6 +35,8 @@ from .compiler import CompiledStep, tree_nbytes
 from .states import JobState
 
 GROUP_IDS = 1 << 30  # group ids live above job ids: fences and the timeline tell them apart
+GROUP_AHEAD = 32                   # default pipeline depth behind a group step (dispatcher)
+GROUP_INFLIGHT_BYTES = 64 << 20    # ... as long as the in-flight stacked batches stay under this
 
 
 @dataclass(frozen=True)
@@ -195,12 +197,18 @@ class Group:
         zeros = [np.zeros(s.shape, s.dtype) for s in jax.tree.leaves(program.batch_struct)]
         self.zero_batch = zeros         # what an idle slot is fed (its result is masked away)
         self.batch_shapes = [(z.shape, z.dtype) for z in zeros]  # a member's batch must match
+        self._batch_bytes = sum(z.nbytes for z in zeros)
         self.now: list | None = None    # the members of the step being dispatched (dispatcher)
 
     # What the policy sees of a group (sched/ docs: a group is one runnable unit).
     @property
     def capacity(self) -> int:
         return self.fused.capacity
+
+    @property
+    def step_batch_bytes(self) -> int:
+        """The bytes of one group step's stacked batch."""
+        return self.capacity * self._batch_bytes
 
     @property
     def members(self) -> list[Any]:

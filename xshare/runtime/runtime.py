@@ -64,7 +64,9 @@ class Runtime:
         many steps late, and a newly urgent job waits behind up to this many steps. Default
         (None): 2 under the preemptive policies (srtf, priority), so preemption stays within a
         couple of steps; 8 otherwise, where fewer waits buy throughput (measured on CPU, fifo
-        over 8 small MLPs: 0.74x -> 0.86x of a plain loop's steady rate).
+        over 8 small MLPs: 0.74x -> 0.86x of a plain loop's steady rate), and behind a
+        fusion group's step up to 32 (while their stacked batches stay under 64 MiB): a group
+        step makes N members' batches, so its host hiccups are N times larger.
       fences: compile FFI step fences into every job (default: on unless ``XSHARE_FFI=0``).
       device: the device to own (default: ``jax.devices()[0]``).
       status_port: serve ``/status`` and ``/metrics`` over HTTP on this port (0 picks a free one)
@@ -89,8 +91,12 @@ class Runtime:
                  resume: bool = False, max_lanes: int | None = None, slots: int = 1,
                  compile_workers: int = 1, fuse: bool = False):
         self.policy = sched.get_policy(policy)
+        group_ahead = dispatch_ahead
         if dispatch_ahead is None:
-            dispatch_ahead = 2 if getattr(self.policy, "name", "") in ("srtf", "priority") else 8
+            responsive = getattr(self.policy, "name", "") in ("srtf", "priority")
+            dispatch_ahead = 2 if responsive else 8
+            # Throughput policies keep a fusion group's pipeline deeper (Dispatcher._group_depth).
+            group_ahead = dispatch_ahead if responsive else fusion.GROUP_AHEAD
         for name, value, low in (("quantum", quantum, 1), ("prefetch", prefetch, 1),
                                  ("dispatch_ahead", dispatch_ahead, 0), ("slots", slots, 1),
                                  ("compile_workers", compile_workers, 1)):
@@ -133,7 +139,7 @@ class Runtime:
         self._dispatcher = Dispatcher(
             policy=self.policy, arena=self.arena, device=self.device, feeder=self.feeder,
             recorder=self.recorder, timeline=self.timeline_, ring=self._ring, quantum=quantum,
-            slots=slots, dispatch_ahead=dispatch_ahead, prefetch=prefetch,
+            slots=slots, dispatch_ahead=dispatch_ahead, group_ahead=group_ahead, prefetch=prefetch,
             checkpoint_every=checkpoint_every, checkpoint_dir=self.checkpoint_dir, t0=self.t0,
             capacity_source=self.capacity_source, on_end=self._job_ended, fuse=self.fuse)
         self._pool = ThreadPoolExecutor(max_workers=compile_workers, thread_name_prefix="xshare-compile")
