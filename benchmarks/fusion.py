@@ -44,7 +44,7 @@ DATA = os.environ.get("XSHARE_FUSION_DATA", "teacher")
 
 def _specs(n: int, steps: int) -> list:
     """The sweep. ``--data teacher``: each job makes its batches from its synthetic teacher
-    network (about 0.1 ms of numpy a batch, the same in every way of running); ``--data
+    network (about 25 us of numpy a batch, made 16 at a time; the same in every way of running); ``--data
     cached``: 64 such batches per job made up front and cycled, so data costs nothing and the
     figures show the runtime and the device alone."""
     from xshare.models import mlp
@@ -138,7 +138,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--data", choices=("teacher", "cached"), default="teacher",
-                   help="teacher: each batch made by its job's synthetic teacher (~0.1 ms); cached: "
+                   help="teacher: each batch made by its job's synthetic teacher (~25 us); cached: "
                         "batches made up front (data costs nothing)")
     args = p.parse_args(argv)
     os.environ["XSHARE_FUSION_DATA"] = args.data  # the children build their specs from it
