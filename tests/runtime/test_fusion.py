@@ -225,7 +225,9 @@ def test_an_exception_inside_the_fused_step_fails_every_member_a_paused_one_too_
     specs = [raising_step.bind(linreg_state(seed=i), linreg_data(seed=i), steps=50, name=f"r{i}")
              for i in range(3)]
     other = linreg_step.bind(linreg_state(dim=4), linreg_data(dim=4), steps=50, name="other")
-    with xshare.Runtime(policy="pack", memory="256MiB", fuse=True) as rt:
+    # A shallow pipeline, so the pause lands well before the raising step 12 (a group's default
+    # depth, 32, could run through it before a member is seen at step 3).
+    with xshare.Runtime(policy="pack", memory="256MiB", fuse=True, dispatch_ahead=1) as rt:
         handles = rt.submit_many(specs)
         while handles[2].progress().steps_done < 3:
             time.sleep(0.001)
