@@ -267,3 +267,27 @@ def test_slot_moves_give_the_same_stack_on_the_host_on_the_device_and_while_comp
         for fused in (ready, compiling):
             assert_trees_equal(fusion.take(fused, stack, 2), one)
             assert all(float(np.abs(np.asarray(x)).max()) == 0 for x in fusion.take(fused, stack, 1))
+
+
+def test_a_process_that_exits_while_slot_moves_compile_exits_cleanly():
+    """put/take compile on a background thread after the group's program: a script that ends
+    right then must exit 0, not abort in C++ at interpreter exit (a daemon thread did)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent("""
+        import jax
+        from tests.helpers import linreg_data, linreg_state, linreg_step
+        from xshare.runtime import fusion
+        from xshare.runtime.compiler import PROGRAMS
+        device = jax.devices()[0]
+        program = PROGRAMS.get(linreg_step, linreg_state(), linreg_data()(0), device=device,
+                               fenced=False, compile=False)
+        fused = fusion.fused_program(program, 8, device, fenced=False, prefetch=1)
+        # (its moves are still compiling as the script ends: they take ~0.1 s)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                         cwd=str(__import__("pathlib").Path(__file__).resolve().parents[2]))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "FATAL" not in out.stderr

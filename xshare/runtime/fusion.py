@@ -92,7 +92,9 @@ def fused_program(program: CompiledStep, capacity: int, device: Any, *, fenced: 
         one = [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding)
                for s in jax.tree.leaves(program.state_struct)]
         moves: Future = Future()
-        threading.Thread(target=_compile_into, name="xshare-compile-moves", daemon=True,
+        # Not a daemon: a process that ends while XLA compiles on a daemon thread aborts in
+        # C++ at exit ("FATAL: exception not rethrown"); exit waits for this instead (< 1 s).
+        threading.Thread(target=_compile_into, name="xshare-compile-moves", daemon=False,
                          args=(moves, lambda: (_put.lower(states, one, slot).compile(),
                                                _take.lower(states, slot).compile()))).start()
         seconds = time.perf_counter() - t0
