@@ -1,8 +1,8 @@
 """An MLP classifier (Flax NNX) on synthetic data it generates itself.
 
-The data: inputs are uniform with unit variance, labels come from a fixed random two-layer "teacher" network, so
-the task is learnable and loss falls. Batch ``k`` depends only on ``(seed, k)``: any job can be
-replayed or resumed exactly, and two runs see identical data.
+The data: inputs are uniform with unit variance, labels come from a fixed random two-layer
+"teacher" network, so the task is learnable and loss falls. Batch ``k`` depends only on
+``(seed, k)``: any job can be replayed or resumed exactly, and two runs see identical data.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class TeacherData:
     """``step -> {"x", "y"}``: deterministic synthetic classification batches.
 
     Batches are made ``BLOCK`` steps at a time (one generator and one teacher pass per block,
-    the last block kept): a batch costs ~12 us instead of ~45 us one at a time, which matters
+    the last block kept): a batch costs ~25 us instead of ~45 us one at a time, which matters
     because a small fused sweep spends as long making its data as computing its steps. Batch
     ``k`` depends only on ``(seed, k)``: any step can be replayed or resumed exactly.
     """

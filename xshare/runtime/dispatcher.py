@@ -278,21 +278,17 @@ class Dispatcher:
         capacity = group.capacity
         taken: dict[int, tuple[JobRecord, int, list]] = {}
         members, group.now = group.now or group.stepping(), None
-        shapes = group.batch_shapes
         for slot, job in members:
             batch = job.batches.popleft()
             if batch is END or isinstance(batch, DataError):
                 self._dispatch_marker(job, batch)
                 continue
             step = job.spec.start_step + job.dispatched
-            if len(batch) != len(shapes) or any(
-                    getattr(x, "shape", None) != shp or getattr(x, "dtype", None) != dt
-                    for x, (shp, dt) in zip(batch, shapes)):
-                bad = _shape_mismatch(batch, group.zero_batch)
-                if bad:
-                    self._fail(job, f"batch {step} does not match the compiled step: {bad}")
-                    self._settle(job)
-                    continue
+            bad = _shape_mismatch(batch, group.zero_batch)
+            if bad:
+                self._fail(job, f"batch {step} does not match the compiled step: {bad}")
+                self._settle(job)
+                continue
             if self._fed(job):
                 self.feeder.request(job)
             taken[slot] = (job, step, batch)
@@ -888,6 +884,12 @@ def _pow2(n: int) -> int:
 
 def _shape_mismatch(batch: list, like: list) -> str | None:
     """Why a member's batch cannot be stacked with its group's (None if it can)."""
+    # Per member per group step: the common case (arrays of exactly the compiled shape and
+    # dtype) is decided by comparing attributes, without numpy's shape/dtype conversions.
+    if len(batch) == len(like) and all(
+            getattr(x, "shape", None) == z.shape and getattr(x, "dtype", None) == z.dtype
+            for x, z in zip(batch, like)):
+        return None
     for i, (x, z) in enumerate(zip(batch, like)):
         if np.shape(x) != z.shape or np.dtype(getattr(x, "dtype", None)) != z.dtype:
             return (f"leaf {i} is {np.dtype(getattr(x, 'dtype', None))}{list(np.shape(x))}, "

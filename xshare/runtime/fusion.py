@@ -80,10 +80,11 @@ def fused_program(program: CompiledStep, capacity: int, device: Any, *, fenced: 
         if fenced:
             fn = ffi.fenced(body, donated=True)
             args.append(jax.ShapeDtypeStruct((3,), np.int32, sharding=sharding))
-        t0 = time.perf_counter()
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-            compiled = jax.jit(fn, donate_argnums=(0, 1)).lower(*args).compile()
+            lowered = jax.jit(fn, donate_argnums=(0, 1)).lower(*args)
+            t0 = time.perf_counter()  # XLA's part only, as for single programs
+            compiled = lowered.compile()
         # The slot moves at this capacity compile afterwards, on a thread of their own: a group
         # forms on the host (see ``put``) and needs them only when a member joins a group that
         # already stepped, or leaves it, so its first step does not wait for them. Compiled
@@ -198,7 +199,6 @@ class Group:
         self.error = None
         zeros = [np.zeros(s.shape, s.dtype) for s in jax.tree.leaves(program.batch_struct)]
         self.zero_batch = zeros         # what an idle slot is fed (its result is masked away)
-        self.batch_shapes = [(z.shape, z.dtype) for z in zeros]  # a member's batch must match
         self._batch_bytes = sum(z.nbytes for z in zeros)
         self.now: list | None = None    # the members of the step being dispatched (dispatcher)
 
