@@ -37,10 +37,26 @@ def test_an_unusable_analysis_is_refused_never_taken_as_zero(stats):
 def test_the_donated_compile_reports_temporaries():
     # Donation matters: without it XLA packs temporaries into the outputs (DESIGN.md).
     spec = heavy_step.bind(heavy_state(dim=128), heavy_data(dim=128, batch=64), steps=1, name="h")
-    fp = compile_step(spec.fn, spec.state, spec.data(0), device=jax.devices()[0], name="h", job_id=0,
-                      ring_id=None, prefetch=2).footprint
+    fp = compile_step(spec.fn, spec.state, spec.data(0), device=jax.devices()[0], prefetch=2).footprint
     assert fp.persistent == 128 * 128 * 4 + 4
     assert fp.temp > 0 and fp.ephemeral >= fp.temp + 64 * 128 * 4
+
+
+def test_the_ledger_charges_staged_and_in_flight_batches():
+    # A job's reservation holds its state, prefetched batches and the batches of the steps in
+    # flight behind its own (dispatch_ahead): all can be resident at once.
+    import xshare
+
+    spec = heavy_step.bind(heavy_state(dim=32), heavy_data(dim=32, batch=16), steps=3, name="staged")
+    batch_bytes = 16 * 32 * 4
+    with xshare.Runtime(prefetch=2, dispatch_ahead=5) as rt:
+        h = rt.submit(spec)
+        rt.wait()
+        job = h._rec
+    assert job.footprint.staging == (2 + 5) * batch_bytes
+    from xshare.runtime import fusion
+    assert fusion.pipeline_depth(8, 32, 64 << 20) == 8          # a huge stacked batch: a job's depth
+    assert fusion.pipeline_depth(8, 32, 1 << 20) == 32          # small ones: the group's depth
 
 
 class _Device:

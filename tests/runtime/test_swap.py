@@ -13,9 +13,10 @@ from xshare.runtime.compiler import compile_step
 from tests.helpers import assert_trees_equal, heavy_data, heavy_state, heavy_step, plain_loop
 
 
-def _footprint(spec):
+def _footprint(spec, staged=2 + 2):
+    # The runtime charges prefetched (2) and in-flight (dispatch_ahead, 2 below) batches.
     first = spec.data(0)
-    return compile_step(spec.job, spec.state, first, device=jax.devices()[0], prefetch=2).footprint
+    return compile_step(spec.job, spec.state, first, device=jax.devices()[0], prefetch=staged).footprint
 
 
 def test_offloading_a_paused_job_admits_a_queued_one_and_results_are_unchanged():
@@ -26,7 +27,7 @@ def test_offloading_a_paused_job_admits_a_queued_one_and_results_are_unchanged()
     fp = _footprint(a)
     # Room for one such job and a bit, never two: c must queue behind a.
     memory = fp.total + fp.persistent // 2
-    with xshare.Runtime(policy="pack", memory=memory) as rt:
+    with xshare.Runtime(policy="pack", memory=memory, dispatch_ahead=2) as rt:
         ha = rt.submit(a)
         while ha.progress().steps_done < 10:
             time.sleep(0.002)

@@ -49,7 +49,7 @@ class Admission:
             job.restored_metrics = prepared.restored_metrics
         job.compiled_s = now_s() - self.t0
         if program.compiled:  # (a fused job's solo program compiles only if it must run alone)
-            job.footprint = program.with_staging(self.prefetch)
+            job.footprint = program.with_staging(self.prefetch + self.ahead)
         if job.state is S.COMPILING:
             self._admit(job)
 
@@ -79,7 +79,7 @@ class Admission:
             try:
                 # A fused job that must run alone compiles its solo program here (rare: a
                 # group had no room); every other job was compiled on the compile pool.
-                job.footprint = job.program.with_staging(self.prefetch)
+                job.footprint = job.program.with_staging(self.prefetch + self.ahead)
             except Exception as err:  # noqa: BLE001
                 self._fail(job, f"could not compile its step: {short_error(err)}", err)
                 self._finalize(job, Event.FAIL)

@@ -18,7 +18,7 @@ import numpy as np
 
 from . import fusion
 from .causes import dispatch_error, short_error
-from .fusion import GROUP_INFLIGHT_BYTES, Group
+from .fusion import Group
 from .records import JobRecord
 from .source import END, BatchMismatch, DataError
 from .states import JobState
@@ -175,14 +175,8 @@ class Executor:
             self.timeline.host_step(group, t, t_end)
 
     def _group_depth(self, group: Group) -> int:
-        """How many steps may be in flight behind a group's: ``group_ahead``, as long as their
-        stacked batches stay under ``GROUP_INFLIGHT_BYTES``. A group step makes N members'
-        batches on the host, so host hiccups (a data source making its batches in blocks, the
-        GIL) are N times larger than a solo job's; a deeper pipeline lets the device ride them
-        out (measured: 32 jobs fused ran 0.98x a hand-written vmap loop at depth 32, 0.89x at 8)."""
-        if self.group_ahead <= self.ahead:
-            return self.ahead
-        return max(self.ahead, min(self.group_ahead, GROUP_INFLIGHT_BYTES // max(group.step_batch_bytes, 1)))
+        """Steps in flight behind a group's (``fusion.pipeline_depth``: what its footprint charges)."""
+        return fusion.pipeline_depth(self.ahead, self.group_ahead, group.step_batch_bytes)
 
     def _retire_oldest(self, depth: int | None = None) -> None:
         """Retire the older half of the pipeline with ONE wait, on the newest step among them:

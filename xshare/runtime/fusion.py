@@ -52,10 +52,24 @@ _cache: dict[tuple, FusedProgram] = {}
 _lock = threading.Lock()
 
 
+def pipeline_depth(ahead: int, group_ahead: int, stacked_batch_bytes: int) -> int:
+    """How many steps may be in flight behind a group's: ``group_ahead``, as long as their
+    stacked batches stay under ``GROUP_INFLIGHT_BYTES`` (never fewer than a job's ``ahead``).
+    A group step makes N members' batches on the host, so host hiccups (a data source making its
+    batches in blocks, the GIL) are N times larger than a solo job's; a deeper pipeline lets the
+    device ride them out (measured: 32 jobs fused ran 0.98x a hand-written vmap loop at depth 32,
+    0.89x at 8). The group's footprint charges these in-flight batches (``fused_program``)."""
+    if group_ahead <= ahead:
+        return ahead
+    return max(ahead, min(group_ahead, GROUP_INFLIGHT_BYTES // max(stacked_batch_bytes, 1)))
+
+
 def fused_program(program: CompiledStep, capacity: int, device: Any, *, fenced: bool,
-                  prefetch: int) -> FusedProgram:
-    """The vmapped executable of ``program`` at ``capacity`` slots (compiled once per process)."""
-    key = (program.key, capacity, fenced, prefetch)
+                  prefetch: int, ahead: int = 0, group_ahead: int = 0) -> FusedProgram:
+    """The vmapped executable of ``program`` at ``capacity`` slots (compiled once per process).
+    Its footprint's staging charges every stacked batch that can be resident: ``prefetch``
+    staged plus those in flight behind its steps (``pipeline_depth``)."""
+    key = (program.key, capacity, fenced, prefetch, ahead, group_ahead)
     with _lock:
         hit = _cache.get(key)
         if hit is not None:
@@ -102,8 +116,9 @@ def fused_program(program: CompiledStep, capacity: int, device: Any, *, fenced: 
         PROGRAMS._count(seconds)  # one ledger of XLA compiles per process
         state_bytes = capacity * tree_nbytes(program.state_struct)
         batch_bytes = capacity * tree_nbytes(program.batch_struct) + capacity
+        depth = pipeline_depth(ahead, group_ahead, capacity * tree_nbytes(program.batch_struct))
         fp = footprint_from_analysis(compiled.memory_analysis(), state_bytes=state_bytes,
-                                     batch_bytes=batch_bytes, prefetch=prefetch, job="fused group")
+                                     batch_bytes=batch_bytes, prefetch=prefetch + depth, job="fused group")
         from .compiler import _flops
         out = FusedProgram(compiled, capacity, fp, _flops(compiled), moves, seconds)
         _cache[key] = out
@@ -166,9 +181,10 @@ def put(fused: FusedProgram, states: list, values: list, slot: int) -> list:
                                    np.int32(slot))
 
 
-def cached(program: CompiledStep, capacity: int, *, fenced: bool, prefetch: int) -> bool:
+def cached(program: CompiledStep, capacity: int, *, fenced: bool, prefetch: int, ahead: int = 0,
+           group_ahead: int = 0) -> bool:
     """Whether ``fused_program`` for this capacity is compiled already (free to switch to)."""
-    return (program.key, capacity, fenced, prefetch) in _cache
+    return (program.key, capacity, fenced, prefetch, ahead, group_ahead) in _cache
 
 
 def regroup(states: list, slots: list[int], capacity: int) -> list:

@@ -107,7 +107,7 @@ class Groups:
 
     def _open_group(self, program: Any, capacity: int) -> Group | None:
         fused = fusion.fused_program(program, capacity, self.device, fenced=self.ring is not None,
-                                     prefetch=self.prefetch)
+                                     **self._staging())
         gid = next(self.config.ids)   # one id space with jobs: fences and the timeline name either
         self._groups_opened += 1
         fp = fused.footprint
@@ -127,7 +127,7 @@ class Groups:
     def _grow(self, group: Group) -> Group | None:
         """Double a full group's capacity at this step boundary (a new slot for a joiner)."""
         bigger = fusion.fused_program(group.program, 2 * group.capacity, self.device,
-                                      fenced=self.ring is not None, prefetch=self.prefetch)
+                                      fenced=self.ring is not None, **self._staging())
         if not self._resize(group, bigger):
             return None
         self._drain_inflight()  # the stack is rebuilt from the group's newest state
@@ -145,7 +145,7 @@ class Groups:
         if capacity * 4 > group.capacity or group.in_flight:
             return
         fenced = self.ring is not None
-        if not fusion.cached(group.program, capacity, fenced=fenced, prefetch=self.prefetch):
+        if not fusion.cached(group.program, capacity, fenced=fenced, **self._staging()):
             # Compiling the smaller program (here, on the dispatcher) pays only if the members
             # have enough steps left to win that time back; a sweep ending in lockstep does not.
             lefts = [j.steps_left for _, j in members]
@@ -155,7 +155,7 @@ class Groups:
             if saved_s < 2 * group.fused.compile_s:
                 return
         smaller = fusion.fused_program(group.program, capacity, self.device,
-                                       fenced=self.ring is not None, prefetch=self.prefetch)
+                                       fenced=self.ring is not None, **self._staging())
         if not self._resize(group, smaller):
             return
         group.arrays = fusion.regroup(group.arrays, [i for i, _ in members], capacity)
@@ -166,6 +166,10 @@ class Groups:
         group.fused = smaller
         self._dirty = True
         self._admitted(self.arena.retry())  # the bytes it gave back may admit a queued job
+
+    def _staging(self) -> dict:
+        """What a fused program's footprint charges beyond its states: staged and in-flight batches."""
+        return {"prefetch": self.prefetch, "ahead": self.ahead, "group_ahead": self.group_ahead}
 
     def _resize(self, group: Group, fused: Any) -> bool:
         fp = fused.footprint

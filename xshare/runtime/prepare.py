@@ -104,7 +104,8 @@ class Preparation:
             try:
                 if prep.fuse_hint >= 2 or choice.peers >= 2:
                     fusion.fused_program(program, max(2, _pow2(prep.fuse_hint)), self.device,
-                                         fenced=fenced, prefetch=self.prefetch)
+                                         fenced=fenced, prefetch=self.prefetch, ahead=self.ahead,
+                                         group_ahead=self.group_ahead)
                 else:
                     program.ensure()  # alone in its family: it runs its solo program
             except Exception as err:  # noqa: BLE001

@@ -112,6 +112,8 @@ class Runtime(Preparation):
         capacity, self.capacity_source = arena_capacity(memory, self.device)
         self.arena = Arena(capacity, max_lanes=max_lanes)
         self.quantum, self.slots, self.prefetch, self.dispatch_ahead = quantum, slots, prefetch, dispatch_ahead
+        # (the compile pool sizes fused programs' staging with these, as the dispatcher does)
+        self.ahead, self.group_ahead = dispatch_ahead, group_ahead
         self.log_dir = Path(log_dir) if log_dir is not None else None
         # An explicit checkpoint_dir means checkpoints at each job's end and on stop() even
         # without checkpoint_every (launch --checkpoint-every 0: "only on exit").
