@@ -17,7 +17,19 @@ the sum over them, sampled). Also measured: a sweep whose jobs arrive over time 
 steps of the first) and end at different step counts, under fuse=True: the fraction of member
 steps that ran fused.
 
-usage: python benchmarks/fusion.py [--ns 8,32] [--steps 2000] [--repeats 3] [--smoke]
+The naive sweep (``--sweep naive``): the same N jobs as users write them, one Flax Linen
+``TrainState`` per job with the learning rate baked in (``optax.adam(lr_i)``, a new ``tx`` object
+per job), on the same teacher data, run as
+
+  * naive-plain: a ``jax.jit`` per job (each job's step closes over its own optimizer, so each
+    compiles), one job after another: how such a sweep runs today;
+  * naive-fused: ``xshare.Runtime(fuse=True)`` on those jobs unchanged (constants lifted);
+  * inject-plain / inject-fused: the same with ``optax.inject_hyperparams(optax.adam)`` (the
+    learning rate in state: one program without lifting), one jit for all / fused.
+
+Every row reports how many times the train step was compiled.
+
+usage: python benchmarks/fusion.py [--ns 8,32] [--steps 2000] [--repeats 3] [--sweep naive] [--smoke]
 """
 
 from __future__ import annotations
@@ -58,11 +70,51 @@ def _cycle(batches: list):
     return lambda k: batches[k % len(batches)]
 
 
+def _naive_specs(n: int, steps: int, inject: bool) -> list:
+    """N Linen TrainState jobs as the Flax docs write them; lr baked in unless ``inject``."""
+    import flax.linen as nn
+    import jax
+    import jax.numpy as jnp
+    import optax
+    from flax.training import train_state
+
+    import xshare
+    from xshare.models.mlp import TeacherData
+
+    class MLP(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            for _ in range(2):
+                x = nn.relu(nn.Dense(64)(x))
+            return nn.Dense(10)(x)
+
+    def step(state, batch):
+        def loss_fn(params):
+            logits = state.apply_fn(params, batch["x"])
+            return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
+
+        loss, grads = jax.value_and_grad(loss_fn)(state.params)
+        return state.apply_gradients(grads=grads), {"loss": loss}
+
+    job = xshare.job(step)
+    specs = []
+    for i in range(n):
+        p = _params(i)
+        net = MLP()
+        params = net.init(jax.random.key(p["seed"]), jnp.ones((1, 32)))
+        tx = optax.inject_hyperparams(optax.adam)(learning_rate=p["lr"]) if inject else optax.adam(p["lr"])
+        state = train_state.TrainState.create(apply_fn=net.apply, params=params, tx=tx)
+        specs.append(job.bind(state, TeacherData(p["batch"], p["seed"]), steps=steps, name=f"j{i}"))
+    return specs
+
+
 # ------------------------------------------------------------------------------ the child side
 def _child(kind: str, n: int, steps: int) -> dict:
     import jax
     import numpy as np
 
+    if kind.startswith(("naive", "inject")):
+        return _child_naive(kind, n, steps)
     specs = _specs(n, steps)
     jax.block_until_ready([s.state for s in specs])
     extra: dict = {}
@@ -109,6 +161,46 @@ def _child(kind: str, n: int, steps: int) -> dict:
     return {"kind": kind, "n": n, "steps": steps, "wall_s": wall, "peak_rss_bytes": rss, **extra}
 
 
+def _child_naive(kind: str, n: int, steps: int) -> dict:
+    import jax
+
+    import xshare
+    from xshare.runtime.compiler import PROGRAMS
+
+    specs = _naive_specs(n, steps, inject=kind.startswith("inject"))
+    jax.block_until_ready([jax.tree.leaves(s.state) for s in specs])
+    t0 = time.perf_counter()  # states built; before the first compile
+    if kind.endswith("plain"):
+        finals, jitted = [], []
+        shared = jax.jit(specs[0].fn, donate_argnums=0)
+        for spec in specs:
+            # As users run a sweep: each job its own jitted step (its tx is its own object, so
+            # the trace differs), except the inject form, whose one step serves every job.
+            f = shared if kind == "inject-plain" else jax.jit(spec.fn, donate_argnums=0)
+            jitted.append(f)
+            s = jax.tree.map(lambda x: jax.numpy.array(x, copy=True), spec.state)
+            for k in range(steps):
+                s, _ = f(s, spec.data(k))
+            finals.append(jax.device_get(s))
+        # the step's compiles: each jitted function's cache entries (a TrainState whose tx is
+        # another object is another cache entry, as in the program key users hit today)
+        n_compiles = sum(f._cache_size() for f in {id(f): f for f in jitted}.values())
+    else:
+        before = PROGRAMS.compiles
+        with xshare.Runtime(policy="pack", memory="8GiB", fuse=True) as rt:
+            handles = rt.submit_many(specs)
+            rt.wait()
+            fused = rt.snapshot()["runtime"]["fused_member_steps"]
+        finals = [h.result()[0] for h in handles]
+        n_compiles = PROGRAMS.compiles - before
+        assert fused == n * steps, f"only {fused} of {n * steps} member steps ran fused"
+    wall = time.perf_counter() - t0  # every final state on the host
+    assert len(finals) == n
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {"kind": kind, "n": n, "steps": steps, "wall_s": wall, "peak_rss_bytes": rss,
+            "compiles": n_compiles}
+
+
 # ------------------------------------------------------------------------------ the parent side
 def _spawn(kind: str, n: int, steps: int) -> dict:
     env = dict(os.environ, XSHARE_COMPILATION_CACHE="")
@@ -137,6 +229,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--ns", default="8,32")
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--sweep", choices=("zoo", "naive"), default="zoo",
+                   help="zoo: the model zoo's MLP (lr in state); naive: Linen TrainStates with "
+                        "optax.adam(lr) baked in, as users write them")
     p.add_argument("--data", choices=("teacher", "cached"), default="teacher",
                    help="teacher: each batch made by its job's synthetic teacher (~25 us); cached: "
                         "batches made up front (data costs nothing)")
@@ -144,6 +239,8 @@ def main(argv: list[str]) -> int:
     os.environ["XSHARE_FUSION_DATA"] = args.data  # the children build their specs from it
     if args.smoke:
         args.ns, args.steps, args.repeats = "2", 50, 1
+    if args.sweep == "naive":
+        return _main_naive(args, h)
     rows, raw = [], []
     for n in [int(x) for x in args.ns.split(",")]:
         configs = {k: (lambda k=k: _spawn(k, n, args.steps)) for k in ("plain", "pack", "fused", "vmap")}
@@ -169,6 +266,35 @@ def main(argv: list[str]) -> int:
                     data={"runs": raw}, notes=NOTES)
     return 0
 
+
+def _main_naive(args, h) -> int:
+    rows, raw = [], []
+    kinds = ("naive-plain", "naive-fused", "inject-plain", "inject-fused")
+    for n in [int(x) for x in args.ns.split(",")]:
+        runs = h.alternate({k: (lambda k=k: _spawn(k, n, args.steps)) for k in kinds}, args.repeats)
+        raw.append({"n": n, "runs": runs})
+        base = [r["wall_s"] for r in runs["naive-plain"]]
+        inject = [r["wall_s"] for r in runs["inject-fused"]]
+        for k, rs in runs.items():
+            walls = [r["wall_s"] for r in rs]
+            rows.append([n, args.steps, k, h.median(walls), h.median(h.paired_ratios(base, walls)),
+                         h.median(h.paired_ratios(inject, walls)), h.median(r["compiles"] for r in rs),
+                         h.median(r["peak_rss_bytes"] for r in rs) / 2**20])
+        print(h.markdown_table(NAIVE_COLUMNS, [r for r in rows if r[0] == n]), flush=True)
+    h.write_results("fusion_naive", args.out, title="Sweeps as users write them: baked optax.adam(lr_i) TrainStates",
+                    columns=NAIVE_COLUMNS, rows=rows, machine_info=h.machine(), smoke=args.smoke,
+                    config={"ns": args.ns, "steps": args.steps, "repeats": args.repeats},
+                    data={"runs": raw}, notes=NAIVE_NOTES)
+    return 0
+
+
+NAIVE_COLUMNS = ["N", "steps/job", "way", "e2e s", "speed vs naive-plain (x)", "speed vs inject-fused (x)",
+                 "XLA compiles", "peak RSS MiB"]
+NAIVE_NOTES = """e2e: fresh process per run; the clock starts when every job's initial state is built
+(before the first compile) and stops when every final state is on the host; the same points for
+every way. speed: median of per-repeat ratios (reference time / this way's; > 1 = faster).
+compiles: compiles of the train step (the jitted steps' cache entries for the plain loops, the
+runtime's XLA compile count for xshare; xshare's slot-move helpers are not counted)."""
 
 COLUMNS = ["N", "steps/job", "way", "e2e s", "speed vs plain (x)", "speed vs hand vmap (x)", "peak RSS MiB", "note"]
 NOTES = """e2e: fresh process per run, clock from before the first compile to every final state on the

@@ -73,4 +73,4 @@ def test_checkpoint_of_another_model_is_refused_with_the_mismatch(tmp_path):
         h.wait(timeout=60)
     assert h.status() == "failed", "a mismatched checkpoint was accepted"
     assert h.error.startswith("could not resume from its checkpoint: ")
-    assert "array 1 is float32[8, 1] but the job's state has float32[4, 1]" in h.error
+    assert "array 1 (w) is float32[8, 1] but the job's state has float32[4, 1]" in h.error

@@ -200,11 +200,20 @@ def test_the_fusion_plan_groups_same_program_jobs_and_says_why_others_run_alone(
         sgd(0.02).bind(linreg_state(dim=8), linreg_data(dim=8), steps=5, name="baked-b"),
         linreg_step.bind(linreg_state(dim=4), linreg_data(dim=4), steps=5, name="narrow"),
     ]
+    def shaped(k):  # a Python constant that decides a shape: a different program, not a value
+        def step(state, batch):
+            g = jax.grad(lambda w: jnp.mean((batch["x"] @ w - batch["y"]) ** 2))(state["w"])
+            return {"w": state["w"] - 0.01 * jnp.tile(g[:k], (1, 1)).mean() * g, "n": state["n"] + 1}, {"n": state["n"]}
+        return xshare.job(step)
+
+    specs += [shaped(2).bind(linreg_state(dim=8), linreg_data(dim=8), steps=5, name="shaped")]
     report = fusion.plan(specs)
-    assert report.groups == [["j0", "j1", "j2"]]
-    assert "a compile-time constant differs from baked-b's" in report.alone["baked-a"]
-    assert "optax.inject_hyperparams" in report.alone["baked-b"]
-    assert report.alone["narrow"].startswith("its state or batch shapes differ from j0's (state leaf 1: float32[4, 1] vs float32[8, 1])")
+    # Constants that differ as values (a learning rate baked into the step) are lifted: one group.
+    assert report.groups == [["j0", "j1", "j2"], ["baked-a", "baked-b"]]
+    assert report.alone["narrow"].startswith(
+        "its state or batch shapes differ from j0's (state leaf w: float32[4, 1] vs float32[8, 1])")
+    assert report.alone["shaped"].startswith("its step computes something else than ")
+    assert "a constant that decides a shape or Python control flow" in report.alone["shaped"]
 
 
 def _raise_at_step_12(n):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import jax
 import numpy as np
 
 from .records import JobRecord
@@ -12,9 +11,9 @@ from .records import JobRecord
 
 def dispatch_error(job: JobRecord, step: int, batch: Any, err: Exception) -> str:
     """Say what went wrong at dispatch; ``batch`` is the flat leaves the prefetcher made."""
-    want = jax.tree.map(lambda s: f"{s.dtype}{list(s.shape)}", job.program.batch_struct)
-    got = jax.tree.unflatten(job.program.batch_def, [
-        f"{getattr(x, 'dtype', type(x).__name__)}{list(np.shape(x))}" for x in batch])
+    paths = job.batch_layout.array_paths()
+    want = {p: f"{s.dtype}{list(s.shape)}" for p, s in zip(paths, job.program.batch_struct)}
+    got = {p: f"{getattr(x, 'dtype', type(x).__name__)}{list(np.shape(x))}" for p, x in zip(paths, batch)}
     if want != got:
         return f"batch {step} does not match the compiled step: expected {want}, got {got}"
     return f"step {step} raised: {short_error(err)}"

@@ -18,6 +18,7 @@ import numpy as np
 from flax import serialization
 
 from .._errors import XShareError
+from .leaves import layout_of, promoted
 
 FILENAME = "checkpoint.msgpack"
 
@@ -35,10 +36,15 @@ def path_for(directory: Path, job_dir: str) -> Path:
 
 
 def save(path: Path, *, step: int, state: Any, metrics: dict[str, float] | None, done: bool) -> None:
-    leaves = [np.asarray(x) for x in jax.tree.leaves(state)]
+    arrays, layout = layout_of(state)
     payload = {
-        "version": 1, "step": int(step), "done": bool(done),
-        "leaves": {str(i): leaf for i, leaf in enumerate(leaves)},
+        "version": 2, "step": int(step), "done": bool(done),
+        "leaves": {str(i): np.asarray(leaf) for i, leaf in enumerate(arrays)},
+        # PRNG key leaves are stored as their key data; their impls make resume exact.
+        "keys": {str(i): impl for i, impl in enumerate(layout.keys_of()) if impl is not None},
+        # per leaf of the tree: carried ("a") or static ("s"), so that a Python number of the
+        # initial state that the step turned into an array restores as that array
+        "kinds": "".join("s" if k is not None and k[0] == "static" else "a" for k in layout.kinds),
         "metrics": {k: float(v) for k, v in (metrics or {}).items()},
     }
     data = serialization.msgpack_serialize(payload)
@@ -52,7 +58,8 @@ def save(path: Path, *, step: int, state: Any, metrics: dict[str, float] | None,
 
 
 def load(path: Path, like: Any, *, job: str) -> Checkpoint | None:
-    """The checkpoint at ``path`` shaped like ``like`` (the job's initial state); None if absent."""
+    """The checkpoint at ``path`` shaped like ``like`` (the job's initial state, whose static
+    leaves it keeps); None if absent."""
     if not path.exists():
         return None
     try:
@@ -60,17 +67,30 @@ def load(path: Path, like: Any, *, job: str) -> Checkpoint | None:
     except Exception as err:
         raise XShareError(f"job {job!r}: checkpoint {path} is unreadable ({err}); delete it to "
                           "restart the job from scratch") from err
-    ref_leaves, treedef = jax.tree.flatten(like)
+    kinds = payload.get("kinds")
+    if kinds is not None and len(kinds) == len(jax.tree.leaves(like)):
+        like = promoted(like, frozenset(i for i, k in enumerate(kinds) if k == "a"))
+    ref_arrays, layout = layout_of(like)
     stored = payload.get("leaves", {})
-    if len(stored) != len(ref_leaves):
+    if len(stored) != len(ref_arrays):
         raise XShareError(f"job {job!r}: checkpoint {path} holds {len(stored)} arrays but the job's "
-                          f"state has {len(ref_leaves)}; the model changed since it was written")
-    leaves = []
-    for i, ref in enumerate(ref_leaves):
+                          f"state has {len(ref_arrays)}; the model changed since it was written")
+    stored_keys = payload.get("keys", {})
+    arrays = []
+    for i, (ref, name, impl) in enumerate(zip(ref_arrays, layout.array_paths(), layout.keys_of())):
         leaf = np.asarray(stored[str(i)])
         if leaf.shape != np.shape(ref) or leaf.dtype != np.asarray(ref).dtype:
-            raise XShareError(f"job {job!r}: checkpoint {path} array {i} is {leaf.dtype}{list(leaf.shape)} "
-                              f"but the job's state has {np.asarray(ref).dtype}{list(np.shape(ref))}")
-        leaves.append(leaf)
-    return Checkpoint(step=int(payload["step"]), state=jax.tree.unflatten(treedef, leaves),
+            raise XShareError(f"job {job!r}: checkpoint {path} array {i} ({name}) is "
+                              f"{leaf.dtype}{list(leaf.shape)} but the job's state has "
+                              f"{np.asarray(ref).dtype}{list(np.shape(ref))}")
+        if stored_keys.get(str(i)) != impl:
+            raise XShareError(f"job {job!r}: checkpoint {path} leaf {name} holds "
+                              f"{_key_kind(stored_keys.get(str(i)))} but the job's state has "
+                              f"{_key_kind(impl)}; the model changed since it was written")
+        arrays.append(leaf)
+    return Checkpoint(step=int(payload["step"]), state=layout.merge(arrays),
                       metrics=dict(payload.get("metrics") or {}) or None, done=bool(payload.get("done")))
+
+
+def _key_kind(impl: str | None) -> str:
+    return "a plain array" if impl is None else f"PRNG key data ({impl})"

@@ -35,6 +35,7 @@ import numpy as np
 
 from .. import ffi
 from ..memory.footprint import Footprint, footprint_from_analysis
+from .leaves import Promote, changed_numbers, describe_aval, is_array, is_key, layout_of, path_name
 
 # Used to rank jobs (SRTF) before their first measured step, and only until the runtime has
 # measured any job: then the FLOP rate achieved by measured jobs replaces it, so a new job is
@@ -49,17 +50,32 @@ class CompiledStep:
     solo executable it does not run."""
 
     def __init__(self, *, key: str, metric_names: tuple[str, ...], state_struct: Any, batch_struct: Any,
-                 state_def: Any, batch_def: Any, fenced: bool, flat: Callable, lowered: Callable[[], Any],
-                 on_compile: Callable[[], None]):
+                 state_layout: Any, batch_layout: Any, fenced: bool, flat: Callable,
+                 lowered: Callable[[], Any], on_compile: Callable[[], None]):
         self.key = key                      # the program key (hex)
         self.metric_names = metric_names    # the packed metrics vector's entries, in order
-        self.state_struct, self.batch_struct = state_struct, batch_struct  # ShapeDtypeStruct pytrees
-        self.state_def, self.batch_def = state_def, batch_def  # to rebuild pytrees from flat leaves
+        # Flat lists of ShapeDtypeStructs: the carried arrays (leaves.py) of state and batch.
+        self.state_struct, self.batch_struct = state_struct, batch_struct
+        # The layouts of the job that traced this program. A job that shares it (same computed
+        # program) may have another layout (other static objects): it keeps its own, on its
+        # record; these serve tools that hold only the program (compile_step, the dry run).
+        self.state_layout, self.batch_layout = state_layout, batch_layout
         self.fenced = fenced
         self.flat = flat                    # the unfenced step over flat leaves (fusion vmaps it)
         self._lowered, self._on_compile = lowered, on_compile
         self._compiled: tuple | None = None
         self._lock = threading.Lock()
+        self.jaxpr: Any = None              # the unfenced step's jaxpr (for constant lifting)
+        self.promoted: frozenset = frozenset()  # Python-number state leaves carried as arrays
+        self.host_callback = False          # whether it calls back into Python
+        self._traced: Any = None
+
+    def traced(self) -> Any:
+        """This program's jaxpr read by ``lifting.trace`` (skeleton and constant sites), once."""
+        if self._traced is None and self.jaxpr is not None:
+            from .lifting import trace
+            self._traced = trace(self.jaxpr)
+        return self._traced
 
     def ensure(self) -> "CompiledStep":
         """Compile now (once); raises what XLA raises."""
@@ -111,23 +127,55 @@ class CompiledStep:
 
 
 def tree_nbytes(tree: Any) -> int:
+    """Bytes of a tree of carried arrays or their ShapeDtypeStructs."""
     return int(sum(np.dtype(x.dtype).itemsize * math.prod(x.shape) for x in jax.tree.leaves(tree)))
 
 
-def abstract(tree: Any, device: Any) -> Any:
-    """Shape/dtype/placement of every leaf, without touching its data."""
+def abstract(arrays: Any, device: Any) -> Any:
+    """Shape/dtype/placement of every carried array (see ``leaves``), without touching data."""
     sharding = jax.sharding.SingleDeviceSharding(device)
 
     def one(x: Any) -> jax.ShapeDtypeStruct:
         x = x if hasattr(x, "shape") and hasattr(x, "dtype") else np.asarray(x)
         return jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=sharding)
 
-    return jax.tree.map(one, tree)
+    return jax.tree.map(one, arrays)
 
 
 def _avals(struct: Any) -> tuple:
-    leaves, treedef = jax.tree.flatten(struct)
-    return treedef, tuple((tuple(x.shape), str(x.dtype)) for x in leaves)
+    """The flat avals of carried arrays: what XLA sees, with no treedef (a job's treedef and
+    static objects decide only how its own leaves unflatten, not the program)."""
+    return tuple((tuple(x.shape), str(x.dtype)) for x in jax.tree.leaves(struct))
+
+
+def program_key(text: str, *, state_avals: tuple, batch_avals: tuple, keys: tuple, metric_names: tuple,
+                donate: tuple, device: Any, fenced: bool, callbacks_of: Any = None) -> str:
+    """The one program key (the compiler's and the dry run's): what XLA computes.
+
+    ``text`` is the unfenced lowering over carried arrays; ``keys`` the PRNG impls of the state's
+    key leaves; ``callbacks_of`` the step function when the text calls back into Python (a host
+    callback lowers to an index, not to the function it calls: such a program is shared only by
+    jobs of the same step function)."""
+    digest = hashlib.sha256(text.encode())
+    if callbacks_of is not None:
+        digest.update(f"callbacks of {id(callbacks_of)}".encode())
+    digest.update(repr((state_avals, batch_avals, keys, metric_names, donate, str(device), fenced)).encode())
+    return digest.hexdigest()
+
+
+def lower_unfenced(flat: Callable, state_struct: list, batch_struct: list) -> tuple[Any, Any]:
+    """(the jaxpr, the lowering) of ``flat`` over the structs: one trace gives both."""
+    with warnings.catch_warnings():
+        # The batch is donated for the fences' sake; when no output can reuse it XLA says so
+        # once per compile, which is expected here and not actionable by the user.
+        warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+        traced = jax.jit(flat, donate_argnums=DONATE).trace(state_struct, batch_struct)
+        return traced.jaxpr, traced.lower()
+
+
+# Both donated, whatever the user's ``donate``: the runtime owns its own copy of the state and
+# every batch it prefetched, and donating the batch makes the begin fence's aliasing zero-copy.
+DONATE = (0, 1)
 
 
 _HOST_CALLBACK = re.compile(r"custom_call @\w*python\w*callback")
@@ -161,10 +209,25 @@ class ProgramCache:
         return program.ensure() if compile else program
 
     def _get(self, job: Any, state: Any, batch: Any, *, device: Any, fenced: bool) -> CompiledStep:
-        state_struct, batch_struct = abstract(state, device), abstract(batch, device)
+        promote: frozenset = frozenset()
+        while True:
+            try:
+                return self._get_layout(job, state, batch, promote, device=device, fenced=fenced)
+            except Promote as more:
+                # The step changed a Python number of its state: trace again with it carried
+                # as an array, as jax.jit would (each round adds at least one leaf).
+                promote = promote | more.indices
+
+    def _get_layout(self, job: Any, state: Any, batch: Any, promote: frozenset, *, device: Any,
+                    fenced: bool) -> CompiledStep:
+        state_arrays, state_layout = layout_of(state, promote)
+        batch_arrays, batch_layout = layout_of(batch)
+        state_struct, batch_struct = abstract(state_arrays, device), abstract(batch_arrays, device)
         # Keyed by the Job object itself (as in jax.jit's cache, weakly): an entry goes with its
-        # job, so another function can never hit it.
-        memo_key = (job.fn, _avals(state_struct), _avals(batch_struct), device, fenced)
+        # job, so another function can never hit it. The layouts' memo keys hold the treedefs
+        # and static values: what, with the avals, decides the trace.
+        memo_key = (job.fn, state_layout.memo_key(), _avals(state_struct), batch_layout.memo_key(),
+                    _avals(batch_struct), device, fenced, promote)
         with self._lock:
             table = self._memo.get(job)
             if table is None:
@@ -173,7 +236,8 @@ class ProgramCache:
         if not owner:
             return fut.result()
         try:
-            result = self._lower_and_compile(job, state_struct, batch_struct, device, fenced)
+            result = self._lower_and_compile(job, state_struct, batch_struct, state_layout,
+                                             batch_layout, device, fenced, promote)
         except BaseException as err:
             with self._lock:
                 del table[memo_key]  # a failed trace is not cached: the next job retries
@@ -182,46 +246,77 @@ class ProgramCache:
         fut.set_result(result)
         return result
 
-    def _lower_and_compile(self, job: Any, state_struct: Any, batch_struct: Any, device: Any,
-                           fenced: bool) -> CompiledStep:
-        state_leaves, state_def = jax.tree.flatten(state_struct)
-        batch_leaves, batch_def = jax.tree.flatten(batch_struct)
+    def _lower_and_compile(self, job: Any, state_struct: list, batch_struct: list, state_layout: Any,
+                           batch_layout: Any, device: Any, fenced: bool, promote: frozenset) -> CompiledStep:
         names: list[tuple[str, ...]] = []
-        flat = _flat_step(job.fn, state_def, batch_def, names)
-        # Both donated, whatever the user's ``donate``: the runtime owns its own copy of the
-        # state and every batch it prefetched, and donating the batch makes the begin fence's
-        # aliasing zero-copy.
-        donate = (0, 1)
-        with warnings.catch_warnings():
-            # The batch is donated for the fences' sake; when no output can reuse it XLA says so
-            # once per compile, which is expected here and not actionable by the user.
-            warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-            unfenced = jax.jit(flat, donate_argnums=donate).lower(state_leaves, batch_leaves)
-            text = unfenced.as_text()
-            digest = hashlib.sha256(text.encode())
-            if has_host_callback(text):
-                # A host callback appears in the text as an index, not as the Python function it
-                # calls: two steps that differ only in their callbacks lower to the same text.
-                # Such a program is shared only by jobs of the same step function.
-                digest.update(f"callbacks of {id(job.fn)}".encode())
-            digest.update(repr((_avals(state_struct), _avals(batch_struct), donate, str(device),
-                                fenced)).encode())
-            key = digest.hexdigest()
-            fut, owner = self._claim(self._programs, key)
-            if not owner:
-                return fut.result()
+        flat = flat_step(job.fn, state_layout, batch_layout, names)
+        jaxpr, unfenced = lower_unfenced(flat, state_struct, batch_struct)
+        text = unfenced.as_text()
+        key = program_key(text, state_avals=_avals(state_struct), batch_avals=_avals(batch_struct),
+                          keys=state_layout.keys_of() + batch_layout.keys_of(), metric_names=names[0],
+                          donate=DONATE, device=device, fenced=fenced,
+                          callbacks_of=job.fn if has_host_callback(text) else None)
+        fut, owner = self._claim(self._programs, key)
+        if not owner:
+            return fut.result()
+
+        def lower() -> Any:
+            if not fenced:
+                return unfenced
+            ffi.ensure_loaded()  # the handlers must be registered before XLA compiles
+            ident = jax.ShapeDtypeStruct((3,), np.int32, sharding=jax.sharding.SingleDeviceSharding(device))
+            return jax.jit(ffi.fenced(flat, donated=True), donate_argnums=DONATE
+                           ).lower(state_struct, batch_struct, ident)
+
+        result = CompiledStep(key=key, metric_names=names[0], state_struct=state_struct,
+                              batch_struct=batch_struct, state_layout=state_layout,
+                              batch_layout=batch_layout, fenced=fenced, flat=flat, lowered=lower,
+                              on_compile=self._count)
+        # What constant lifting reads (sweeps.py): the jaxpr, and whether it calls the host.
+        result.jaxpr, result.host_callback = jaxpr, has_host_callback(text)
+        result.promoted = promote
+        fut.set_result(result)
+        return result
+
+    def lifted(self, ref: CompiledStep, traced: Any, positions: list[int], *, device: Any) -> CompiledStep:
+        """The program of ``ref`` with the constants at ``positions`` (sites of ``traced``, its
+        jaxpr read by ``lifting.trace``) taken as trailing state operands: one per sweep family
+        and set of positions, shared process-wide like every program."""
+        from .lifting import lifted_step
+
+        n = len(ref.state_struct)
+        sharding = jax.sharding.SingleDeviceSharding(device)
+        extra = [jax.ShapeDtypeStruct(np.shape(traced.values[p]), traced.values[p].dtype, sharding=sharding)
+                 for p in positions]
+        state_struct = list(ref.state_struct) + extra
+        key = program_key(f"lifted {traced.skeleton} at {list(positions)}", state_avals=_avals(state_struct),
+                          batch_avals=_avals(ref.batch_struct), keys=ref.state_layout.keys_of(),
+                          metric_names=ref.metric_names, donate=DONATE, device=device, fenced=ref.fenced)
+        fut, owner = self._claim(self._programs, key)
+        if not owner:
+            return fut.result()
+        try:
+            flat = lifted_step(traced, positions, n)
+            batch_struct = ref.batch_struct
 
             def lower() -> Any:
-                if not fenced:
-                    return unfenced
-                ffi.ensure_loaded()  # the handlers must be registered before XLA compiles
-                ident = jax.ShapeDtypeStruct((3,), np.int32, sharding=jax.sharding.SingleDeviceSharding(device))
-                return jax.jit(ffi.fenced(flat, donated=True), donate_argnums=donate
-                               ).lower(state_leaves, batch_leaves, ident)
+                fn, args = flat, [state_struct, batch_struct]
+                if ref.fenced:
+                    ffi.ensure_loaded()
+                    fn = ffi.fenced(flat, donated=True)
+                    args.append(jax.ShapeDtypeStruct((3,), np.int32, sharding=sharding))
+                return jax.jit(fn, donate_argnums=DONATE).lower(*args)
 
-            result = CompiledStep(key=key, metric_names=names[0], state_struct=state_struct,
-                                  batch_struct=batch_struct, state_def=state_def, batch_def=batch_def,
-                                  fenced=fenced, flat=flat, lowered=lower, on_compile=self._count)
+            result = CompiledStep(key=key, metric_names=ref.metric_names, state_struct=state_struct,
+                                  batch_struct=batch_struct, state_layout=ref.state_layout,
+                                  batch_layout=ref.batch_layout, fenced=ref.fenced, flat=flat,
+                                  lowered=lower, on_compile=self._count)
+            result.jaxpr, result.host_callback, result.promoted = None, False, ref.promoted
+        except BaseException as err:
+            with self._lock:
+                del self._programs[key]
+            fut.set_exception(err)
+            raise
         fut.set_result(result)
         return result
 
@@ -250,32 +345,56 @@ class ProgramCache:
 PROGRAMS = ProgramCache()
 
 
-def _flat_step(fn: Callable, state_def: Any, batch_def: Any, names: list) -> Callable:
-    """``fn`` over flat lists of leaves, with its metrics packed into one float32 vector.
+def flat_step(fn: Callable, state_layout: Any, batch_layout: Any, names: list) -> Callable:
+    """``fn`` over flat lists of carried arrays (``leaves``), with its metrics packed into one
+    float32 vector.
 
     Why flat: a call walks its argument pytrees on the host, and model states with custom nodes
     (Flax NNX variables) make that walk cost more than a small step's compute. The runtime
     keeps every job's state as a flat list, so each dispatch passes plain lists of arrays.
-    Why packed: the runtime reads every step's metrics, and one small array costs one
+    Typed PRNG keys are carried as key data and wrapped again here; static leaves come from the
+    layout. Why packed: the runtime reads every step's metrics, and one small array costs one
     transfer where a dict of scalars costs one per leaf. Neither changes what the state is:
     the same ops run on the same values.
     """
     import jax.numpy as jnp
 
-    def step(state_leaves, batch_leaves):
-        state = jax.tree.unflatten(state_def, state_leaves)
-        batch = jax.tree.unflatten(batch_def, batch_leaves)
-        new_state, metrics = fn(state, batch)
-        new_leaves, new_def = jax.tree.flatten(new_state)
-        if new_def != state_def:
-            raise TypeError(f"the step must return a new state with the structure of the state it "
-                            f"was given; got {new_def}, expected {state_def}")
+    def step(state_arrays, batch_arrays):
+        state = state_layout.merge(state_arrays)
+        batch = batch_layout.merge(batch_arrays)
+        out = fn(state, batch)
+        if not isinstance(out, tuple) or len(out) != 2:
+            raise TypeError(f"the step must return (new_state, metrics); it returned {_kind(out)}")
+        new_state, metrics = out
+        new_arrays, new_layout = layout_of(new_state)
+        promote = changed_numbers(state_layout, new_layout)
+        if promote:
+            raise Promote(promote)
+        why = state_layout.difference(new_layout)
+        if why is None:
+            for path, new, old in zip(state_layout.array_paths(), new_arrays, state_arrays):
+                if tuple(new.shape) != tuple(old.shape) or np.dtype(new.dtype) != np.dtype(old.dtype):
+                    why = f"state leaf {path!r} changed from {describe_aval(old)} to {describe_aval(new)}"
+                    break
+        if why is not None:
+            raise TypeError(f"the step must return a new state with the structure, dtypes and shapes "
+                            f"of the state it was given: {why}")
         flat, _ = jax.tree_util.tree_flatten_with_path(metrics)
+        values = []
+        for path, v in flat:
+            if is_key(v) or not (is_array(v) or isinstance(v, (int, float, bool))) or np.size(v) != 1:
+                raise TypeError(f"metric {path_name(path) if path else 'value'!r} is "
+                                f"{describe_aval(v) if hasattr(v, 'dtype') else type(v).__name__}; "
+                                "metrics must be scalars (e.g. {'loss': loss}; reduce arrays with .mean())")
+            values.append(jnp.asarray(v).reshape(()).astype(jnp.float32))
         names.append(tuple(_key(path) or "value" for path, _ in flat))
-        values = [jnp.mean(jnp.asarray(v)).astype(jnp.float32) for _, v in flat]
-        return new_leaves, (jnp.stack(values) if values else jnp.zeros((0,), jnp.float32))
+        return new_arrays, (jnp.stack(values) if values else jnp.zeros((0,), jnp.float32))
 
     return step
+
+
+def _kind(x: Any) -> str:
+    return f"a tuple of {len(x)}" if isinstance(x, tuple) else type(x).__name__
 
 
 def _key(path: Any) -> str:
@@ -294,14 +413,14 @@ def _flops(compiled: Any) -> float | None:
 
 
 def compile_step(fn: Callable, state: Any, batch: Any, *, device: Any, prefetch: int = 0,
-                 fenced: bool = False, **_legacy: Any) -> CompiledStep:
+                 fenced: bool = False) -> CompiledStep:
     """The program a Runtime would run for ``fn(state, batch)`` (through the shared cache),
     with ``prefetch`` staged batches in its footprint: for tools and tests that want a job's
-    footprint or executable without a Runtime. A fenced executable takes a third argument,
-    the int32[3] ident (``xshare.ffi.ident``). ``ring_id=`` (the old keyword) means fenced."""
+    footprint or executable without a Runtime. The executable takes flat lists of carried
+    arrays (``program.state_layout.split(state)``); a fenced one takes a third argument, the
+    int32[3] ident (``xshare.ffi.ident``)."""
     from .._job import Job
 
-    fenced = fenced or _legacy.get("ring_id") is not None
     job = fn if isinstance(fn, Job) else _job_for(fn)
     program = PROGRAMS.get(job, state, batch, device=device, fenced=fenced)
     return _Staged(program, program.with_staging(prefetch))

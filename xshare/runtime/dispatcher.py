@@ -70,6 +70,7 @@ class Dispatcher:
         self._wake = threading.Event()
         self.peak_in_flight_bytes = 0
         self.fuse = fuse
+        self.sweeps: Any = None                        # the runtime's Sweeps (fused runtimes)
         self.fused_member_steps = 0                    # member steps run in fused groups, ever
         self.groups: dict[int, Group] = {}            # fusion groups, by group id
         self._group_ids = itertools.count(GROUP_IDS)
@@ -533,14 +534,22 @@ class Dispatcher:
         group = next((g for g in same if g.free_slot() is not None), None)
         if group is None and same:
             group = self._grow(same[0])
-        if group is None:
-            group = self._open_group(job.program, max(2, _pow2(job.fuse_hint)))
+        solos: list = []
+        if group is None and not same:
+            # No group of one: a group opens for jobs submitted together, or with jobs of this
+            # program (or its unlifted family) that run alone now and move in at this boundary.
+            solos = self._adoptable(job)
+            if job.fuse_hint < 2 and not solos:
+                return False
+            group = self._open_group(job.program, max(2, _pow2(job.fuse_hint + len(solos))))
         if group is None:
             return False
+        for solo, lifted in solos:
+            if group.free_slot() is not None:
+                self._adopt(solo, group, lifted)
         slot = group.free_slot()
         try:
-            leaves = (job.host_arrays if job.host_arrays is not None
-                      else jax.tree.leaves(job.spec.state))
+            leaves = job.host_arrays if job.host_arrays is not None else job.initial_arrays()
             group.arrays = fusion.put(group.fused, group.arrays, leaves, slot)
         except Exception as err:  # noqa: BLE001
             self._fail(job, f"could not place its state in {group.name}: {short_error(err)}", err)
@@ -554,6 +563,41 @@ class Dispatcher:
         self._running[group.id] = group
         self._dirty = True
         return True
+
+    def _adoptable(self, job: JobRecord) -> list:
+        """(solo job, its lifted values) of running jobs that can step in ``job``'s program."""
+        out = []
+        for other in self._running.values():
+            if isinstance(other, Group) or other.group is not None or other.arrays is None or other is job:
+                continue
+            if other.state is not S.RUNNING or other.error is not None or other.steps_left == 0:
+                continue
+            if other.program.key == job.program.key:
+                out.append((other, other.lifted))
+            elif (lifted := self.sweeps.adoptable(other.traced, job.program)) is not None:
+                out.append((other, lifted))
+        return out
+
+    def _adopt(self, solo: JobRecord, group: Group, lifted: tuple) -> None:
+        """Move a job that steps alone into ``group`` at this step boundary: its state (plus
+        its constants, if the group's program lifted them) goes into a free slot, and its own
+        reservation is released (the group's holds every member)."""
+        self._drain_inflight()  # its newest state is on the device
+        slot = group.free_slot()
+        arrays = list(solo.arrays)[:solo.layout.n_arrays] + list(lifted)
+        group.arrays = fusion.put(group.fused, group.arrays, arrays, slot)
+        self._running.pop(solo.id, None)
+        if self._lane_current.get(solo.lane) is solo:
+            del self._lane_current[solo.lane]
+        solo.arrays, solo.program, solo.lifted = None, group.program, tuple(lifted)
+        group.slots[slot] = solo
+        solo.group, solo.slot, solo.lane = group, slot, group.lane
+        if solo.in_ledger:
+            solo.in_ledger = False
+            self._admitted(self.arena.release(solo.id))
+        self.recorder.line(solo, f"moved into {group.name} (slot {slot} of {group.capacity}) at step "
+                                 f"{solo.spec.start_step + solo.steps_done}")
+        self._dirty = True
 
     def _open_group(self, program: Any, capacity: int) -> Group | None:
         fused = fusion.fused_program(program, capacity, self.device, fenced=self.ring is not None,
@@ -668,7 +712,7 @@ class Dispatcher:
             else:
                 # The runtime keeps the state as flat leaves (see compiler._flat_step) and owns
                 # its copy: the user's arrays stay valid (bind does not take ownership).
-                job.arrays = jax.device_put(jax.tree.leaves(job.spec.state), self.device, may_alias=False)
+                job.arrays = jax.device_put(job.initial_arrays(), self.device, may_alias=False)
             if self.ring is not None and (job.ident is None or job.lane != lane):
                 job.ident = jax.device_put(ffi.ident(self.ring, job.id, lane), self.device)
         except Exception as err:  # noqa: BLE001
@@ -694,7 +738,7 @@ class Dispatcher:
     def _finish(self, job: JobRecord) -> None:
         try:
             # A device-to-host copy, once per job.
-            host = jax.tree.unflatten(job.program.state_def, jax.device_get(self._state_of(job)))
+            host = job.user_state(jax.device_get(self._state_of(job)))
         except Exception as err:  # noqa: BLE001 - the last step failed on the device
             self._fail(job, f"its final state could not be read: {short_error(err)}", err)
             self._finalize(job, Event.FAIL)
@@ -712,7 +756,7 @@ class Dispatcher:
         arrays = self._state_of(job)
         if arrays is None:
             return
-        host = jax.tree.unflatten(job.program.state_def, jax.device_get(arrays))
+        host = job.user_state(jax.device_get(arrays))
         self.recorder.checkpoint(job, job.spec.start_step + job.steps_done, host, job.last_metrics,
                                  done=done)
 

@@ -263,77 +263,9 @@ class Group:
 
 
 # ---------------------------------------------------------------------------- planning (dry run)
-@dataclass(frozen=True)
-class FusionPlan:
-    groups: list[list[str]]    # job names that would fuse, one list per program
-    alone: dict[str, str]      # job name -> why it cannot join a group, in words a user can act on
+def plan(specs: list, device: Any = None) -> Any:
+    """Which jobs would fuse and why the others run alone: ``sweeps.explain`` (the runtime's
+    own choice of programs, nothing compiled)."""
+    from .sweeps import explain
 
-
-def plan(specs: list, device: Any = None) -> FusionPlan:
-    """Which jobs would fuse (same unfenced program, avals, donation, device) and why the others
-    cannot, from their lowerings: nothing is compiled."""
-    import hashlib
-    import re
-
-    from .compiler import _avals, _flat_step, abstract, has_host_callback
-    from .source import END, BatchSource
-
-    device = device if device is not None else jax.devices()[0]
-    keys: dict[str, list[str]] = {}
-    info: dict[str, tuple] = {}
-    alone: dict[str, str] = {}
-    for spec in specs:
-        first = BatchSource(spec.data, start=spec.start_step, stop=spec.steps).peek()
-        if first is END:
-            alone[spec.name] = "it has no batches to run"
-            continue
-        state, batch = abstract(spec.state, device), abstract(first, device)
-        flat = _flat_step(spec.fn, jax.tree.structure(state), jax.tree.structure(batch), [])
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-            text = jax.jit(flat, donate_argnums=(0, 1)).lower(jax.tree.leaves(state),
-                                                              jax.tree.leaves(batch)).as_text()
-        avals = (_avals(state), _avals(batch))
-        # (as in the program cache: a host callback is an index in the text, not its function)
-        callbacks = f"callbacks of {id(spec.fn)}" if has_host_callback(text) else ""
-        key = hashlib.sha256((text + repr(avals) + callbacks).encode()).hexdigest()
-        keys.setdefault(key, []).append(spec.name)
-        # Constants print as dense<...>: with them blanked, two texts that then match differ
-        # only in baked-in values, such as a learning rate given to optax.adam(lr).
-        info[spec.name] = (key, avals, re.sub(r"dense<[^>]*>", "dense<C>", re.sub(r"loc\([^)]*\)", "", text)))
-    groups = [names for names in keys.values() if len(names) > 1]
-    biggest = max(groups, key=len)[0] if groups else None
-    for names in keys.values():
-        if len(names) > 1:
-            continue
-        name = names[0]
-        _, avals, blanked = info[name]
-        others = [n for n in info if n != name]
-        # Explain against the closest job: one that differs only in constants, else one of the
-        # same shapes, else the largest group.
-        twin = next((n for n in others if info[n][2] == blanked and info[n][1] == avals), None)
-        same_shapes = next((n for n in others if info[n][1] == avals), None)
-        if twin is not None:
-            alone[name] = (f"a compile-time constant differs from {twin}'s (e.g. a learning rate "
-                           "passed to optax.adam(lr)): keep it in state with optax.inject_hyperparams")
-        elif same_shapes is not None:
-            alone[name] = f"its step computes something else than {same_shapes}'s (a different program)"
-        elif others:
-            other = biggest or others[0]
-            alone[name] = (f"its state or batch shapes differ from {other}'s "
-                           f"({_first_difference(avals, info[other][1])}): only same-shape jobs fuse")
-        else:
-            alone[name] = "no other job to fuse with"
-    return FusionPlan(groups, alone)
-
-
-def _first_difference(a: tuple, b: tuple) -> str:
-    for what, (da, la), (db, lb) in zip(("state", "batch"), a, b):
-        if da != db:
-            return f"{what} structure {da} vs {db}"
-        for i, (x, y) in enumerate(zip(la, lb)):
-            if x != y:
-                return f"{what} leaf {i}: {x[1]}{list(x[0])} vs {y[1]}{list(y[0])}"
-        if len(la) != len(lb):
-            return f"{what} has {len(la)} leaves vs {len(lb)}"
-    return "?"
+    return explain(specs, device)

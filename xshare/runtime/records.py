@@ -52,6 +52,14 @@ class JobRecord:
     state: JobState = JobState.COMPILING
     priority: int = 0
     program: CompiledStep | None = None
+    # This job's own layouts (leaves.py): how its state and batches map to the carried arrays
+    # the program takes. Set on the compile pool before the job reaches the dispatcher.
+    layout: Any = None
+    batch_layout: Any = None
+    # Values of the constants its fused program takes as operands (``lifting``), appended to
+    # its state's carried arrays; () for a job running a program of its own.
+    lifted: tuple = ()
+    traced: Any = None                    # its own program read as data (lifting.Traced), fused runtimes
     footprint: Any = None                 # the program's footprint plus this runtime's staging
     source: Any = None                    # BatchSource, made on the compile pool
     lane: int | None = None
@@ -95,6 +103,15 @@ class JobRecord:
     @property
     def name(self) -> str:
         return self.spec.name
+
+    def initial_arrays(self) -> list:
+        """The carried arrays its program starts from: its spec's state (the user's arrays, not
+        consumed: the caller copies them) plus its lifted constants."""
+        return self.layout.split(self.spec.state) + list(self.lifted)
+
+    def user_state(self, arrays: list) -> Any:
+        """The user's pytree from carried arrays (host or device), lifted constants dropped."""
+        return self.layout.merge(list(arrays)[:self.layout.n_arrays])
 
     @property
     def status(self) -> str:

@@ -40,8 +40,10 @@ from . import fusion
 from .dispatcher import Dispatcher, _pow2
 from .handle import JobHandle
 from .recorder import Recorder, check_name, job_dir
+from .leaves import layout_of, promoted
 from .records import JobRecord, Progress, StepRecord, now_s
 from .source import END, BatchSource
+from .sweeps import Choice, Sweeps
 from .states import Event
 from .timing import Timeline
 
@@ -142,6 +144,8 @@ class Runtime:
             slots=slots, dispatch_ahead=dispatch_ahead, group_ahead=group_ahead, prefetch=prefetch,
             checkpoint_every=checkpoint_every, checkpoint_dir=self.checkpoint_dir, t0=self.t0,
             capacity_source=self.capacity_source, on_end=self._job_ended, fuse=self.fuse)
+        self._sweeps = Sweeps(self.device)     # fused runtimes: which program each job runs
+        self._dispatcher.sweeps = self._sweeps
         self._pool = ThreadPoolExecutor(max_workers=compile_workers, thread_name_prefix="xshare-compile")
         self.status_server = None
         if status_port is not None:
@@ -221,9 +225,27 @@ class Runtime:
                 self._handles[job.id] = handle
                 self._by_name[spec.name] = handle
                 jobs.append(job)
-        for job in jobs:
-            self._pool.submit(self._prepare, job)
+        if self.fuse:
+            # Jobs of one step function are prepared together: their programs are chosen
+            # together (a sweep over constants becomes one lifted program).
+            by_code: dict = {}
+            for job in jobs:
+                by_code.setdefault(_step_code(job.spec), []).append(job)
+            for group in by_code.values():
+                self._pool.submit(self._prepare_fused, group)
+        else:
+            for job in jobs:
+                self._pool.submit(self._prepare, job)
         return [self._handles[job.id] for job in jobs]
+
+    def explain(self, specs: Iterable[JobSpec]) -> Any:
+        """Which of ``specs`` would run as one fused group in this runtime, and why each other job
+        would run alone (a different shape at ``params.Dense_0.kernel``, a constant that decides
+        control flow, a host callback): ``FusionPlan(groups, alone)``. Programs are lowered
+        and keyed as ``submit`` would, but nothing is compiled or run."""
+        from .sweeps import explain
+
+        return explain(list(specs), self.device)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until every submitted job has ended (and its files are written). False on timeout."""
@@ -349,7 +371,14 @@ class Runtime:
 
     # ------------------------------------------------------------------ the compile pool
     def _prepare(self, job: JobRecord) -> None:
-        """On the compile pool: restore a checkpoint, peek the first batch, get the program."""
+        """On the compile pool: restore a checkpoint, peek the first batch, compile the program."""
+        program = self._prepare_program(job)
+        if program is not None:
+            self._dispatcher.post(self._dispatcher.compiled, job, program)
+
+    def _prepare_program(self, job: JobRecord) -> Any:
+        """Restore a checkpoint, peek the first batch, lower (and unless fused, compile) the
+        job's own program; None if the job already ended (its end is posted)."""
         spec, post = job.spec, self._dispatcher.post
         try:
             saved = self._restore(job) if self._resume else None
@@ -374,22 +403,55 @@ class Runtime:
                  f"its data raised while producing batch {spec.start_step}: {short_error(err)}", err)
             return
         if first is END:
-            post(self._dispatcher.finish_now, job, jax.device_get(spec.state), None, "no batches: done")
+            post(self._dispatcher.finish_now, job, spec.state, None, "no batches: done")
             return
         try:
-            fenced = self._ring is not None
-            program = PROGRAMS.get(spec.job, spec.state, first, device=self.device, fenced=fenced,
-                                   compile=not self.fuse)
-            if self.fuse:
-                # Compile the group's vmapped program here, off the dispatcher; a job that ends
-                # up alone compiles its own program when it must (see Dispatcher._admit).
-                fusion.fused_program(program, max(2, _pow2(job.fuse_hint)), self.device,
-                                     fenced=fenced, prefetch=self.prefetch)
+            _, job.batch_layout = layout_of(first)
+            # Fused: lowered and keyed only (the group compiles its own vmapped program).
+            program = PROGRAMS.get(spec.job, spec.state, first, device=self.device,
+                                   fenced=self._ring is not None, compile=not self.fuse)
+            if program.promoted:  # Python numbers the step changes are carried as arrays
+                job.spec = spec = spec.replace(state=promoted(spec.state, program.promoted))
+            _, job.layout = layout_of(spec.state)
         except Exception as err:  # noqa: BLE001
             post(self._dispatcher.fail_now, job, f"could not compile its step: {short_error(err)}", err)
             return
         job.source = source
-        post(self._dispatcher.compiled, job, program)
+        return program
+
+    def _prepare_fused(self, jobs: list[JobRecord]) -> None:
+        """On the compile pool, for jobs submitted together to a fused runtime: their programs
+        are chosen together (sweeps.py: a sweep that differs only in constants becomes one
+        lifted program), then each group program is compiled here, off the dispatcher."""
+        pairs = [(job, program) for job in jobs if (program := self._prepare_program(job)) is not None]
+        if not pairs:
+            return
+        try:
+            choices = self._sweeps.assign([p for _, p in pairs])
+        except Exception as err:  # noqa: BLE001 - lifting is an optimization: run unlifted
+            log.warning("xshare: constant lifting failed, jobs keep their own programs: %s", short_error(err))
+            choices = [Choice(p) for _, p in pairs]
+        together: dict[str, int] = {}
+        for choice in choices:
+            together[choice.program.key] = together.get(choice.program.key, 0) + 1
+        fenced = self._ring is not None
+        for (job, _), choice in zip(pairs, choices):
+            program = choice.program
+            job.lifted, job.traced = choice.lifted, choice.traced
+            # The group it is about to have: the jobs of this call on its program, or one that
+            # runs alone now and can move in (sweeps.Choice.peers). A lone job runs its solo program.
+            job.fuse_hint = together[program.key]
+            try:
+                if job.fuse_hint >= 2 or choice.peers >= 2:
+                    fusion.fused_program(program, max(2, _pow2(job.fuse_hint)), self.device,
+                                         fenced=fenced, prefetch=self.prefetch)
+                else:
+                    program.ensure()  # alone in its family: it runs its solo program
+            except Exception as err:  # noqa: BLE001
+                self._dispatcher.post(self._dispatcher.fail_now, job,
+                                      f"could not compile its step: {short_error(err)}", err)
+                continue
+            self._dispatcher.post(self._dispatcher.compiled, job, program)
 
     def _restore(self, job: JobRecord) -> checkpoint.Checkpoint | None:
         """Continue ``job`` from its checkpoint: its spec starts at the saved step and state."""

@@ -16,6 +16,8 @@ from typing import Any, Callable, Iterator
 import jax
 import numpy as np
 
+from .leaves import layout_of
+
 
 @dataclass(frozen=True)
 class DataError:
@@ -105,10 +107,17 @@ def produce(job: Any, device: Any, *, blocking: bool = True) -> bool:
         try:
             batch = source.next()
             if batch is not END:
-                leaves, treedef = jax.tree.flatten(batch)
-                if treedef != job.program.batch_def:
-                    raise BatchMismatch(f"batch {step} does not match the compiled step: its structure "
-                                        f"is {treedef}, expected {job.program.batch_def}")
+                layout = job.batch_layout
+                if layout.plain:  # the common case: a flatten and a structure check
+                    leaves, treedef = jax.tree.flatten(batch)
+                    if treedef != layout.treedef:
+                        raise BatchMismatch(f"batch {step} does not match the compiled step: its "
+                                            f"structure is {treedef}, expected {layout.treedef}")
+                else:  # PRNG keys or static leaves in the batch
+                    leaves, got = layout_of(batch)
+                    why = layout.difference(got, what="batch")
+                    if why is not None:
+                        raise BatchMismatch(f"batch {step} does not match the compiled step: {why}")
                 # A group member's leaves are copied when its group stacks them (np.stack): a
                 # copy here would be a second one per leaf per step.
                 batch = leaves if job.group is not None else own(leaves, device)
