@@ -2,9 +2,9 @@
 the same step under ``nnx.jit``, under every policy, fused, and resumed from a checkpoint; the
 result is new NNX objects; misuse is refused with the fix named.
 
-The model here has parameters and batch statistics but no RNG streams (no Dropout): these
-tests need nothing of the runtime beyond plain arrays. ``tests/users/test_nnx_tutorial.py`` is
-the same with Dropout (typed PRNG keys in the state).
+The model here has parameters and batch statistics but no RNG streams (no Dropout), so these
+check the adapter on plain arrays; ``tests/users/test_nnx_tutorial.py`` is the same with
+Dropout (typed PRNG keys in the state).
 """
 
 from __future__ import annotations

@@ -132,9 +132,10 @@ def check_resume(tmp_path: Path, make_spec: Callable[[Callable[[int], Any]], xsh
 def vmapped_loop(specs: Sequence[xshare.JobSpec], capacity: int, steps: int) -> list:
     """The fused reference: ``jax.vmap`` of the step over ``capacity`` stacked states (empty
     slots hold copies of the first: a member does not depend on its neighbours), jitted with
-    donation, in a plain loop. Non-array leaves stay static, as the runtime keeps them."""
+    donation, in a plain loop. Arrays and Python numbers (a TrainState's ``step``, which jit
+    makes an array) are stacked; other leaves (functions) stay static, as the runtime keeps them."""
     leaves, treedef = jax.tree.flatten(specs[0].state)
-    dynamic = [_is_array(x) for x in leaves]
+    dynamic = [_is_array(x) or isinstance(x, (int, float, complex)) for x in leaves]
     static = [None if d else x for x, d in zip(leaves, dynamic)]
 
     def unsplit(dyn: list) -> Any:

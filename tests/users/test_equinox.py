@@ -2,9 +2,6 @@
 ``(model, opt_state)`` as Equinox's docs write it: its leaves include non-array ones (the MLP's
 activation functions), which are static as under ``eqx.filter_jit``. Bit-identical to the same
 step under ``eqx.filter_jit``, under every policy, fused, and resumed.
-
-AWAITS the runtime's static non-array leaves (issue 22, item 2): until then the job fails to
-compile (a function leaf is not a valid JAX type).
 """
 
 from __future__ import annotations

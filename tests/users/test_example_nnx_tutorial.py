@@ -1,9 +1,6 @@
 """``examples/nnx_tutorial.py`` (the Flax NNX MNIST tutorial's CNN and step on 8x8 digits) runs
 as shipped: its jobs train (test accuracy well above chance), and a job ends bit-identical to
 the tutorial's own loop under ``nnx.jit``.
-
-AWAITS the runtime's typed-PRNG-key support (issue 22, item 1): the tutorial's ``nnx.Dropout``
-keeps a ``jax.random.key`` in the state.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """(c) A Linen ``TrainState`` subclass with ``batch_stats`` and a dropout key made by
 ``jax.random.key(seed)`` (the Flax Linen guide's pattern): bit-identical to the same step under
 ``jax.jit``, under every policy, fused, and resumed.
-
-AWAITS the runtime's typed-PRNG-key support (issue 22, item 1): the state's ``key`` is a
-``jax.random.key`` ("Cannot interpret 'key<fry>' as a data type" until then).
 """
 
 from __future__ import annotations
@@ -37,13 +34,15 @@ class TrainState(train_state.TrainState):
     key: jax.Array
 
 
-TX = optax.adam(1e-2)
+# One model and one optimizer for every job, as a script has them (apply_fn and tx are the
+# TrainState's static fields: a bound method of another Net() would be another tree structure).
+NET, TX = Net(), optax.adam(1e-2)
 
 
 def state(seed: int) -> TrainState:
     key, init_key = jax.random.split(jax.random.key(seed))
-    variables = Net().init(init_key, jnp.zeros((1, 6)), train=False)
-    return TrainState.create(apply_fn=Net().apply, params=variables["params"], tx=TX,
+    variables = NET.init(init_key, jnp.zeros((1, 6)), train=False)
+    return TrainState.create(apply_fn=NET.apply, params=variables["params"], tx=TX,
                              batch_stats=variables["batch_stats"], key=key)
 
 

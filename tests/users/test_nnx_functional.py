@@ -2,9 +2,6 @@
 nnx.split((model, optimizer))`` once, a step that merges, trains and returns ``nnx.state`` (as
 Flax's performance guide writes it): bit-identical to the same step under ``jax.jit``, under
 every policy, fused, and resumed.
-
-AWAITS the runtime's typed-PRNG-key support (issue 22, item 1): the model's ``nnx.Dropout``
-keeps a ``jax.random.key`` in the state ("Cannot interpret 'key<fry>' as a data type" until then).
 """
 
 from __future__ import annotations

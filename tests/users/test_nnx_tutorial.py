@@ -1,10 +1,5 @@
 """(a) The NNX tutorial's in-place step, with BatchNorm and Dropout, via ``xshare.nnx.job``:
 bit-identical to the same step under ``nnx.jit``, under every policy, fused, and resumed.
-
-AWAITS the runtime's typed-PRNG-key support (issue 22, item 1): ``nnx.Dropout``'s ``nnx.Rngs``
-keeps a ``jax.random.key`` in the state. Until it lands these fail with "could not compile its
-step: TypeError: Cannot interpret 'key<fry>' as a data type". (tests/nnx/test_job.py checks the
-adapter itself on a model without RNG streams.)
 """
 
 from __future__ import annotations
