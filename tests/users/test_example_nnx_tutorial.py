@@ -1,6 +1,6 @@
 """``examples/nnx_tutorial.py`` (the Flax NNX MNIST tutorial's CNN and step on 8x8 digits) runs
-as shipped: its jobs train (test accuracy well above chance), and a job ends bit-identical to
-the tutorial's own loop under ``nnx.jit``.
+as shipped: its jobs train (loss falls, test accuracy above chance), and a job ends
+bit-identical to the tutorial's own loop under ``nnx.jit``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,10 @@ def test_the_example_trains_and_matches_the_tutorials_loop(capsys):
     tutorial = load_example()
     rows = tutorial.main(steps=STEPS, lrs=(0.005, 0.002))
     assert [r["steps"] for r in rows] == [STEPS, STEPS]
-    assert rows[0]["test_accuracy"] > 0.4, rows  # chance is 0.1; ~0.64 after 30 steps at lr 0.005
+    # From ~2.3 (ten classes) at the start. Test accuracy is in eval mode, on BatchNorm's running
+    # statistics, which after 30 steps (momentum 0.99) are still far from the batches': about
+    # 0.64 on scikit-learn's digits, 0.32 on the synthetic ones; chance is 0.1.
+    assert all(r["train_loss"] < 1.0 and r["test_accuracy"] > 0.2 for r in rows), rows
     assert "cnn-lr0.005: 30 steps" in capsys.readouterr().out
 
     # One job again, against the tutorial's loop: nnx.jit of the same step, in place.
