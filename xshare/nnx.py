@@ -33,7 +33,7 @@ from flax import nnx
 
 from ._job import Job, JobSpec
 
-__all__ = ["job", "NnxJob", "update"]
+__all__ = ["job", "NnxJob", "NnxStepError", "update"]
 
 # Pure steps kept per job, one per object structure (graphdef). Bounded: a service that binds
 # many structures does not keep every one's step.
@@ -49,7 +49,8 @@ class NnxJob:
 
     def __init__(self, fn: Callable, *, name: str | None = None, donate: bool = True):
         if not callable(fn):
-            raise TypeError(f"@xshare.nnx.job wraps a function step(model, optimizer, batch) -> metrics; got {fn!r}")
+            raise TypeError(f"@xshare.nnx.job wraps a function step(model, optimizer, batch) -> metrics; "
+                            f"got {fn!r}")
         self.fn = fn
         self.name = name or getattr(fn, "__name__", "nnx_job")
         self.donate = donate
@@ -107,6 +108,7 @@ class NnxJob:
         spec = pure.bind(state, data, steps=steps, name=name,
                          priority=priority, nan_policy=nan_policy, meta=meta, observer=observer,
                          **kwargs)
+        _probe(pure, state, data)
         return spec.replace(result_transform=_Rebuild(graphdef, single))
 
     def _pure_job(self, graphdef: Any) -> Job:
@@ -156,6 +158,27 @@ def update(objects: Any, result: Any) -> Any:
     return objects
 
 
+class NnxStepError(TypeError):
+    """An ``xshare.nnx.job`` step returned something other than its metrics."""
+
+
+def _probe(pure: Job, state: Any, data: Any) -> None:
+    """Once per structure, at bind: trace the step abstractly on batch 0 (``jax.eval_shape``, no
+    compile), so that a step returning its model is refused here, not when the job compiles.
+    Only with step-indexed data (an iterable cannot be peeked without consuming it); only that
+    refusal is raised here: anything else the trace hits is left to the runtime, which fails
+    the job with its context (the batch, the step)."""
+    if getattr(pure, "_nnx_probed", False) or not callable(data) or hasattr(data, "__iter__"):
+        return
+    try:
+        jax.eval_shape(pure.fn, state, data(0))
+    except NnxStepError:
+        raise  # (and not marked: every bind of this step is refused alike)
+    except Exception:  # noqa: BLE001 - reported by the runtime, as for any job
+        pass
+    pure._nnx_probed = True
+
+
 # ------------------------------------------------------------------------------ the pure parts
 def _pure_step(checked: Callable, graphdef: Any) -> Callable:
     @functools.wraps(checked)
@@ -194,7 +217,7 @@ def _metrics_only(out: Any, name: str) -> Any:
         return {}
     found = [x for x in jax.tree.leaves(out, is_leaf=_is_node) if _is_node(x)]
     if found:
-        raise TypeError(
+        raise NnxStepError(
             f"the xshare.nnx.job step {name!r} returned {_describe(out)}: an NNX step changes its "
             f"objects in place and returns only its metrics, e.g. {{'loss': loss}} (or None); "
             f"return the metrics, not the {type(found[0]).__name__}")

@@ -161,19 +161,22 @@ def test_a_step_that_keeps_its_metrics_in_an_nnx_metric_may_return_none():
         {k: float(v) for k, v in ref[2].compute().items()}
 
 
-def test_a_step_that_returns_its_model_fails_with_the_fix():
+def test_a_step_that_returns_its_model_is_refused_at_bind_or_when_it_compiles():
     @xshare.nnx.job
     def returns_model(model, optimizer, batch):
         train_step.fn(model, optimizer, batch)
         return model, {"loss": 0.0}
 
-    h = xshare.Runtime(memory="64MiB")
-    with h as rt:
-        handle = rt.submit(returns_model.bind(objects(0), data(0), steps=2))
+    message = "the xshare.nnx.job step 'returns_model' returned a tuple of (BNNet, dict)"
+    # Step-indexed data: bind traces the step abstractly on batch 0 and refuses it.
+    with pytest.raises(xshare.nnx.NnxStepError, match=re.escape(message)) as err:
+        returns_model.bind(objects(0), data(0), steps=2)
+    assert "returns only its metrics" in str(err.value)
+    # An iterable cannot be peeked at bind: the job fails when it compiles, saying the same.
+    with xshare.Runtime(memory="64MiB") as rt:
+        handle = rt.submit(returns_model.bind(objects(0), [data(0)(k) for k in range(2)]))
         rt.wait()
-    assert handle.status() == "failed"
-    assert "the xshare.nnx.job step 'returns_model' returned a tuple of (BNNet, dict)" in handle.error
-    assert "returns only its metrics" in handle.error
+    assert handle.status() == "failed" and message in handle.error
     with pytest.raises(TypeError, match=re.escape("return the metrics, not the BNNet")):
         returns_model(*objects(0), data(0)(0))  # called directly too
 
