@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import threading
 from collections import OrderedDict
 from typing import Any, Callable, Iterable, Mapping
 
@@ -60,6 +61,7 @@ class NnxJob:
         # the runtime traces the step once for a whole sweep (its trace memo is keyed by Job,
         # as jax.jit's is by function), and their programs fuse.
         self._pure: OrderedDict[Any, Job] = OrderedDict()
+        self._lock = threading.Lock()  # a service may bind from several request threads
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args: Any) -> Any:
@@ -103,7 +105,8 @@ class NnxJob:
         if eval_step is not None:
             if "eval_step" not in inspect.signature(Job.bind).parameters:
                 # TODO(eval): xshare.Job.bind has no eval_step yet (issue 22, item 4).
-                raise TypeError("eval_step is not supported by this xshare version's Job.bind")
+                raise TypeError(f"{self!r}.bind(eval_step=...) needs xshare.Job.bind's eval_step, "
+                                f"which this version of xshare does not have yet")
             kwargs["eval_step"] = _pure_eval(graphdef, eval_step)
         spec = pure.bind(state, data, steps=steps, name=name,
                          priority=priority, nan_policy=nan_policy, meta=meta, observer=observer,
@@ -113,16 +116,18 @@ class NnxJob:
 
     def _pure_job(self, graphdef: Any) -> Job:
         try:
-            job = self._pure.get(graphdef)
+            hash(graphdef)
         except TypeError:  # an unhashable static attribute: this structure gets its own step
             return Job(_pure_step(self._checked, graphdef), name=self.name, donate=self.donate)
-        if job is None:
-            job = self._pure[graphdef] = Job(_pure_step(self._checked, graphdef), name=self.name,
-                                             donate=self.donate)
-            while len(self._pure) > _PURE_STEPS_MAX:
-                self._pure.popitem(last=False)
-        else:
-            self._pure.move_to_end(graphdef)
+        with self._lock:
+            job = self._pure.get(graphdef)
+            if job is None:
+                job = self._pure[graphdef] = Job(_pure_step(self._checked, graphdef), name=self.name,
+                                                 donate=self.donate)
+                while len(self._pure) > _PURE_STEPS_MAX:
+                    self._pure.popitem(last=False)
+            else:
+                self._pure.move_to_end(graphdef)
         return job
 
     def __repr__(self) -> str:
