@@ -150,8 +150,8 @@ def worker(model: str, kwargs: dict[str, Any], steps: int) -> dict[str, Any]:
     cs = compile_step(spec.fn, spec.state, host[0], device=dev, fenced=ring is not None, prefetch=2)
     fp = cs.footprint
     exe = cs.executable
-    # The runtime's executable takes flat lists of leaves when compile_step says so (state_def).
-    flat = jax.tree.leaves if getattr(cs, "state_def", None) is not None else (lambda tree: tree)
+    # The runtime's executable takes flat lists of carried arrays (xshare/runtime/leaves.py).
+    flat = cs.state_layout.split
 
     _warm_xla()
     gpu0 = _gpu_stats(dev)
@@ -165,7 +165,7 @@ def worker(model: str, kwargs: dict[str, Any], steps: int) -> dict[str, Any]:
         jax.block_until_ready(state)
         rss_placed = _rss()
         for k in range(steps):
-            batch = flat(jax.device_put(host[k], dev, may_alias=False))  # as the prefetcher does
+            batch = cs.batch_layout.split(jax.device_put(host[k], dev, may_alias=False))  # as the prefetcher does
             state, metrics = exe(state, batch, *ident)
             if ring is not None:
                 ffi.drain(ring)

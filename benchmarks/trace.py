@@ -93,9 +93,13 @@ def replay(trace: Sequence[TraceJob], runtime: Any, *, compile_only: bool = Fals
         handle = runtime.submit(spec)  # compiles the job's step (outside the policy's control)
         subs.append((job, handle, t_sub, time.monotonic_ns()))
     runtime.wait()
+    # Runtime-clock start and end of each job's run: under an exclusive policy (fifo) the run
+    # is the job's service time, what the zero-overhead SRTF oracle schedules (jct_trace).
+    runs = {j["name"]: j for j in runtime.snapshot()["jobs"]}
     rows = []
     for job, h, t_sub, t_sub_end in subs:
         p = h.progress()
+        snap = runs.get(job.name, {})
         # progress().wall_s runs from the runtime's arrival (registered at the start of submit,
         # within microseconds of t_sub) to the job's end.
         done_s = (t_sub - t0) / 1e9 + p.wall_s
@@ -103,7 +107,10 @@ def replay(trace: Sequence[TraceJob], runtime: Any, *, compile_only: bool = Fals
                      "submitted_s": (t_sub - t0) / 1e9, "submit_s": (t_sub_end - t_sub) / 1e9,
                      "late_s": (t_sub - t0) / 1e9 - job.arrival_s, "completion_s": done_s,
                      "jct_s": done_s - job.arrival_s, "status": h.status(), "error": h.error,
-                     "steps_done": p.steps_done})
+                     "steps_done": p.steps_done,
+                     "run_s": (snap["ended_s"] - snap["started_s"]) if snap.get("ended_s") is not None
+                     and snap.get("started_s") is not None else None,
+                     "device_time_s": snap.get("device_time_s")})
     done = [r for r in rows if r["status"] == "done"]
     return {
         "jobs": rows,

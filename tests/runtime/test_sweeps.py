@@ -126,28 +126,50 @@ def test_a_sweep_with_baked_hyperparameters_fuses_as_one_group_and_honours_each(
     assert min(_max_diff(a, b) for i, a in enumerate(finals) for b in finals[i + 1:]) > TOL
 
 
-def test_constants_inside_scan_and_cond_are_lifted_too():
-    def make(lr):
-        @xshare.job
-        def step(state, batch):
-            def inner(w, x):
-                g = jax.grad(lambda w: jnp.mean((x @ w) ** 2))(w)
-                w = jax.lax.cond(jnp.sum(g) > 0, lambda w: w - lr * g, lambda w: w - 0.5 * lr * g, w)
-                return w, jnp.mean(g)
+def _loop_step(lr, loop):
+    @xshare.job
+    def step(state, batch):
+        def inner(w, x):
+            g = jax.grad(lambda w: jnp.mean((x @ w) ** 2))(w)
+            w = jax.lax.cond(jnp.sum(g) > 0, lambda w: w - lr * g, lambda w: w - 0.5 * lr * g, w)
+            return w, jnp.mean(g)
+
+        if loop == "scan":
             w, gs = jax.lax.scan(inner, state["w"], batch["x"])
             return {"w": w}, {"g": gs.mean()}
-        return step
+        # a while loop over the batch's rows, with the constant in its body
+        def body(c):
+            i, w = c
+            return i + 1, inner(w, batch["x"][i])[0]
+        _, w = jax.lax.while_loop(lambda c: c[0] < batch["x"].shape[0], body, (0, state["w"]))
+        return {"w": w}, {"g": jnp.mean(w)}
+    return step
 
+
+def _scan_rebuildable() -> bool:
+    closed = jax.make_jaxpr(lambda c, xs: jax.lax.scan(lambda c, x: (c + x, c), c, xs))(0.0, jnp.ones(3))
+    return "num_consts" in closed.jaxpr.eqns[-1].params
+
+
+@pytest.mark.parametrize("loop", ["while", "scan"])
+def test_constants_inside_loops_and_cond_are_lifted(loop):
     def data(k):
         return {"x": np.random.default_rng(k).normal(size=(3, 4, 5)).astype(np.float32)}
 
     lrs = [0.0, 0.01, 0.05, 0.1]
     w0 = jnp.asarray(np.random.default_rng(0).normal(size=(5, 2)), jnp.float32)
-    specs = [make(lr).bind({"w": w0}, data, steps=10, name=f"sc{i}") for i, lr in enumerate(lrs)]
+    specs = [_loop_step(lr, loop).bind({"w": w0}, data, steps=10, name=f"{loop}{i}")
+             for i, lr in enumerate(lrs)]
     with xshare.Runtime(fuse=True) as rt:
-        assert rt.explain(specs).groups == [[s.name for s in specs]]
+        plan = rt.explain(specs)
         handles = rt.submit_many(specs)
         rt.wait()
+    if loop == "scan" and not _scan_rebuildable():
+        # jax >= 0.12's scan: the constant cannot be lifted, and the dry run says so
+        assert plan.groups == []
+        assert "a differing constant sits inside 'scan'" in plan.alone[specs[0].name]
+    else:
+        assert plan.groups == [[s.name for s in specs]]
     for lr, h, spec in zip(lrs, handles, specs):
         ref, step = {"w": w0}, jax.jit(spec.fn)
         for k in range(10):
@@ -163,8 +185,9 @@ def test_a_job_that_ran_alone_moves_into_the_group_a_later_peer_opens():
         time.sleep(0.001)
         return _data(step)
 
-    first = ts_step.bind(_state(width, optax.adam(1e-2)), slow_data, steps=3000, name="first")
-    later = ts_step.bind(_state(width, optax.adam(3e-3)), _data, steps=100, name="later")
+    # SGD: over 3000 steps Adam would amplify the fused reduction-order drift (README, "Numerics")
+    first = ts_step.bind(_state(width, optax.sgd(1e-2)), slow_data, steps=3000, name="first")
+    later = ts_step.bind(_state(width, optax.sgd(3e-3)), _data, steps=100, name="later")
     with xshare.Runtime(policy="pack", fuse=True) as rt:
         a = rt.submit(first)
         while a.progress().steps_done < 20:

@@ -34,7 +34,6 @@ from ..memory.footprint import Footprint, footprint_from_analysis
 from .compiler import CompiledStep, tree_nbytes
 from .states import JobState
 
-GROUP_IDS = 1 << 30  # group ids live above job ids: fences and the timeline tell them apart
 GROUP_AHEAD = 32                   # default pipeline depth behind a group step (dispatcher)
 GROUP_INFLIGHT_BYTES = 64 << 20    # ... as long as the in-flight stacked batches stay under this
 
@@ -185,11 +184,11 @@ class Group:
     """A fusion group as the dispatcher schedules it: one runnable unit with members."""
 
     def __init__(self, gid: int, program: CompiledStep, fused: FusedProgram, lane: int, arrays: list,
-                 ident: Any):
+                 ident: Any, *, name: str):
         self.id, self.program, self.fused = gid, program, fused
         self.lane, self.arrays, self.ident = lane, arrays, ident
         self.slots: list[Any] = [None] * fused.capacity
-        self.name = f"group-{gid - GROUP_IDS}"
+        self.name = name
         self.in_flight = 0
         self.last_seq, self.turn_steps = -1, 0
         self.device_time_s, self.step_time_s, self.steps_recorded = 0.0, None, 0

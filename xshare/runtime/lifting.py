@@ -167,9 +167,15 @@ def lifted_step(ref: Traced, positions: list[int], n_state: int) -> Callable:
         outer = [h for h, under in ref.holders.items() if p in under]
         for eqn in _eqns_by_id(ref.closed.jaxpr, set(outer)):
             name = eqn.primitive.name
+            if name == "scan" and "num_consts" not in eqn.params:
+                # jax >= 0.12 describes scan operands by flat trees (and forwards loop-invariant
+                # carries as consts); rebuilding that is not supported yet
+                raise NotLiftable(f"a differing constant sits inside 'scan' ({ref.where[p]}), which this "
+                                  f"jax ({jax.__version__}) does not let xshare rebuild with the "
+                                  "constant as an operand")
             if name not in _CALLS and name not in _REBUILT:
-                raise NotLiftable(f"a differing constant sits inside {name!r}, which xshare cannot "
-                                  "rebuild with the constant as an operand")
+                raise NotLiftable(f"a differing constant sits inside {name!r} ({ref.where[p]}), which "
+                                  "xshare cannot rebuild with the constant as an operand")
     closed = ref.closed
 
     def step(state_plus: list, batch: list):

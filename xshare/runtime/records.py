@@ -44,6 +44,23 @@ class StepRecord:
     t_end_ns: int
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """What the compile pool found for a job, handed to the dispatcher thread (which alone
+    writes the job's record): its program, its spec (resumed: the checkpoint's state and step),
+    layouts, data source, and for fused runtimes its lifted constants and expected group."""
+
+    program: Any
+    spec: Any
+    layout: Any
+    batch_layout: Any
+    source: Any
+    restored_metrics: dict[str, float] | None = None
+    lifted: tuple = ()
+    traced: Any = None
+    fuse_hint: int = 1
+
+
 @dataclass(eq=False)
 class JobRecord:
     id: int

@@ -17,6 +17,7 @@ Threads do not grow with the number of jobs.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import os
@@ -37,11 +38,12 @@ from . import checkpoint
 from .causes import short_error
 from .compiler import PROGRAMS
 from . import fusion
-from .dispatcher import Dispatcher, _pow2
+from .dispatcher import DispatchConfig, Dispatcher, debug_ownership_default
+from .groups import _pow2
 from .handle import JobHandle
 from .recorder import Recorder, check_name, job_dir
 from .leaves import layout_of, promoted
-from .records import JobRecord, Progress, StepRecord, now_s
+from .records import JobRecord, Prepared, Progress, StepRecord, now_s
 from .source import END, BatchSource
 from .sweeps import Choice, Sweeps
 from .states import Event
@@ -140,10 +142,12 @@ class Runtime:
         self.feeder = _LazyFeeder(self)
         self._dispatcher = Dispatcher(
             policy=self.policy, arena=self.arena, device=self.device, feeder=self.feeder,
-            recorder=self.recorder, timeline=self.timeline_, ring=self._ring, quantum=quantum,
-            slots=slots, dispatch_ahead=dispatch_ahead, group_ahead=group_ahead, prefetch=prefetch,
-            checkpoint_every=checkpoint_every, checkpoint_dir=self.checkpoint_dir, t0=self.t0,
-            capacity_source=self.capacity_source, on_end=self._job_ended, fuse=self.fuse)
+            recorder=self.recorder, timeline=self.timeline_, ring=self._ring, t0=self.t0,
+            on_end=self._job_ended, config=DispatchConfig(
+                quantum=quantum, slots=slots, dispatch_ahead=dispatch_ahead, group_ahead=group_ahead,
+                prefetch=prefetch, checkpoint_every=checkpoint_every, checkpoint_dir=self.checkpoint_dir,
+                capacity_source=self.capacity_source, fuse=self.fuse, ids=self._ids,
+                debug_ownership=debug_ownership_default()))
         self._sweeps = Sweeps(self.device)     # fused runtimes: which program each job runs
         self._dispatcher.sweeps = self._sweeps
         self._pool = ThreadPoolExecutor(max_workers=compile_workers, thread_name_prefix="xshare-compile")
@@ -220,7 +224,7 @@ class Runtime:
                 job = JobRecord(id=next(self._ids), spec=spec, arrival_s=now_s() - self.t0,
                                 priority=spec.priority, fuse_hint=same[_step_code(spec)])
                 self._all[job.id] = job
-                self._dispatcher.jobs[job.id] = job  # read by the dispatcher only after an event
+                self._dispatcher.post(self._dispatcher.arrived, job)  # before its compiled event
                 handle = JobHandle(self, job)
                 self._handles[job.id] = handle
                 self._by_name[spec.name] = handle
@@ -372,27 +376,30 @@ class Runtime:
     # ------------------------------------------------------------------ the compile pool
     def _prepare(self, job: JobRecord) -> None:
         """On the compile pool: restore a checkpoint, peek the first batch, compile the program."""
-        program = self._prepare_program(job)
-        if program is not None:
-            self._dispatcher.post(self._dispatcher.compiled, job, program)
+        prepared = self._prepare_program(job)
+        if prepared is not None:
+            self._dispatcher.post(self._dispatcher.compiled, job, prepared)
 
-    def _prepare_program(self, job: JobRecord) -> Any:
+    def _prepare_program(self, job: JobRecord) -> Prepared | None:
         """Restore a checkpoint, peek the first batch, lower (and unless fused, compile) the
-        job's own program; None if the job already ended (its end is posted)."""
-        spec, post = job.spec, self._dispatcher.post
+        job's own program. Nothing here writes the job's record (the dispatcher thread owns
+        it): the result goes to the dispatcher as a ``Prepared`` event; None if the job already
+        ended (its end is posted)."""
+        spec, post, restored = job.spec, self._dispatcher.post, None
         try:
             saved = self._restore(job) if self._resume else None
         except Exception as err:  # noqa: BLE001 - a broken checkpoint fails its job alone
             post(self._dispatcher.fail_now, job, f"could not resume from its checkpoint: {short_error(err)}", err)
-            return
+            return None
         try:
             if saved is not None and saved.done:
-                job.spec = job.spec.replace(start_step=saved.step)  # its steps count as done
+                done = spec.replace(start_step=saved.step)  # its steps count as done
                 self.recorder.open(job, resume_from=saved.step)
                 post(self._dispatcher.finish_now, job, saved.state, saved.metrics,
-                     f"resumed: already done at step {saved.step}")
-                return
-            spec = job.spec
+                     f"resumed: already done at step {saved.step}", done)
+                return None
+            if saved is not None:
+                spec, restored = spec.replace(state=saved.state, start_step=saved.step), saved.metrics
             self.recorder.open(job, resume_from=spec.start_step if self._resume else None)
             if spec.start_step:
                 self.recorder.line(job, f"resumed at step {spec.start_step}")
@@ -401,49 +408,49 @@ class Runtime:
         except Exception as err:  # noqa: BLE001 - a broken job fails alone
             post(self._dispatcher.fail_now, job,
                  f"its data raised while producing batch {spec.start_step}: {short_error(err)}", err)
-            return
+            return None
         if first is END:
-            post(self._dispatcher.finish_now, job, spec.state, None, "no batches: done")
-            return
+            post(self._dispatcher.finish_now, job, spec.state, None, "no batches: done", spec)
+            return None
         try:
-            _, job.batch_layout = layout_of(first)
+            _, batch_layout = layout_of(first)
             # Fused: lowered and keyed only (the group compiles its own vmapped program).
             program = PROGRAMS.get(spec.job, spec.state, first, device=self.device,
                                    fenced=self._ring is not None, compile=not self.fuse)
             if program.promoted:  # Python numbers the step changes are carried as arrays
-                job.spec = spec = spec.replace(state=promoted(spec.state, program.promoted))
-            _, job.layout = layout_of(spec.state)
+                spec = spec.replace(state=promoted(spec.state, program.promoted))
+            _, layout = layout_of(spec.state)
         except Exception as err:  # noqa: BLE001
             post(self._dispatcher.fail_now, job, f"could not compile its step: {short_error(err)}", err)
-            return
-        job.source = source
-        return program
+            return None
+        return Prepared(program=program, spec=spec, layout=layout, batch_layout=batch_layout,
+                        source=source, restored_metrics=restored, fuse_hint=job.fuse_hint)
 
     def _prepare_fused(self, jobs: list[JobRecord]) -> None:
         """On the compile pool, for jobs submitted together to a fused runtime: their programs
         are chosen together (sweeps.py: a sweep that differs only in constants becomes one
         lifted program), then each group program is compiled here, off the dispatcher."""
-        pairs = [(job, program) for job in jobs if (program := self._prepare_program(job)) is not None]
+        pairs = [(job, prep) for job in jobs if (prep := self._prepare_program(job)) is not None]
         if not pairs:
             return
         try:
-            choices = self._sweeps.assign([p for _, p in pairs])
+            choices = self._sweeps.assign([prep.program for _, prep in pairs])
         except Exception as err:  # noqa: BLE001 - lifting is an optimization: run unlifted
             log.warning("xshare: constant lifting failed, jobs keep their own programs: %s", short_error(err))
-            choices = [Choice(p) for _, p in pairs]
+            choices = [Choice(prep.program) for _, prep in pairs]
         together: dict[str, int] = {}
         for choice in choices:
             together[choice.program.key] = together.get(choice.program.key, 0) + 1
         fenced = self._ring is not None
-        for (job, _), choice in zip(pairs, choices):
+        for (job, prep), choice in zip(pairs, choices):
             program = choice.program
-            job.lifted, job.traced = choice.lifted, choice.traced
             # The group it is about to have: the jobs of this call on its program, or one that
             # runs alone now and can move in (sweeps.Choice.peers). A lone job runs its solo program.
-            job.fuse_hint = together[program.key]
+            prep = dataclasses.replace(prep, program=program, lifted=choice.lifted, traced=choice.traced,
+                                       fuse_hint=together[program.key])
             try:
-                if job.fuse_hint >= 2 or choice.peers >= 2:
-                    fusion.fused_program(program, max(2, _pow2(job.fuse_hint)), self.device,
+                if prep.fuse_hint >= 2 or choice.peers >= 2:
+                    fusion.fused_program(program, max(2, _pow2(prep.fuse_hint)), self.device,
                                          fenced=fenced, prefetch=self.prefetch)
                 else:
                     program.ensure()  # alone in its family: it runs its solo program
@@ -451,16 +458,12 @@ class Runtime:
                 self._dispatcher.post(self._dispatcher.fail_now, job,
                                       f"could not compile its step: {short_error(err)}", err)
                 continue
-            self._dispatcher.post(self._dispatcher.compiled, job, program)
+            self._dispatcher.post(self._dispatcher.compiled, job, prep)
 
     def _restore(self, job: JobRecord) -> checkpoint.Checkpoint | None:
-        """Continue ``job`` from its checkpoint: its spec starts at the saved step and state."""
-        saved = checkpoint.load(checkpoint.path_for(self.checkpoint_dir, job_dir(job.name)),
-                                job.spec.state, job=job.name)
-        if saved is not None and not saved.done:
-            job.spec = job.spec.replace(state=saved.state, start_step=saved.step)
-            job.restored_metrics = saved.metrics
-        return saved
+        """``job``'s checkpoint (its step, state and metrics to continue from), if any."""
+        return checkpoint.load(checkpoint.path_for(self.checkpoint_dir, job_dir(job.name)),
+                               job.spec.state, job=job.name)
 
     def _unit(self, unit_id: int) -> Any:
         """A job or fusion group by id (fence records name either)."""

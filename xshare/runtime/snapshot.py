@@ -1,9 +1,10 @@
 """``Runtime.snapshot()``: the runtime's state as one JSON-ready document (schema
-``xshare.status/v1``), built from single-attribute reads of the job records and the arena.
+``xshare.status/v1``).
 
-It takes no lock the dispatcher needs: a snapshot may be a step stale for one job and a step
-fresh for the next, which is what a monitor wants (``xshare top`` polls it), and it never slows
-the dispatcher. NVML is asked last (its calls take milliseconds).
+Readers never walk the dispatcher's live tables: the document's runtime part (jobs, groups,
+lanes, the arena's books) is built *on the dispatcher thread*, between two steps (``Dispatcher.call``),
+so it is one consistent view, and handed over as a new immutable-by-convention dict. NVML is
+asked afterwards, on the reader's thread (its calls take milliseconds).
 """
 
 from __future__ import annotations
@@ -19,8 +20,26 @@ from .schema import SCHEMA_ID
 
 
 def snapshot(rt: Any) -> dict[str, Any]:
-    from .. import __version__
     from . import nvml
+
+    doc = rt._dispatcher.call(_document, rt, timeout=30.0)
+    dev = rt.device
+    stats = nvml.device_stats(dev)
+    doc["device"] = {
+        "platform": str(dev.platform),
+        "kind": str(getattr(dev, "device_kind", dev.platform)),
+        "id": int(getattr(dev, "id", 0)),
+        "name": stats.name,
+        "utilization_percent": stats.utilization_percent,
+        "memory_used_bytes": stats.memory_used_bytes,
+        "memory_total_bytes": stats.memory_total_bytes,
+    }
+    return doc
+
+
+def _document(rt: Any) -> dict[str, Any]:
+    """Everything but the device's NVML figures; runs on the dispatcher thread."""
+    from .. import __version__
 
     rel = now_s() - rt.t0
     with rt._lock:
@@ -87,18 +106,7 @@ def snapshot(rt: Any) -> dict[str, Any]:
         "xla_compiles": int(rt.compiles),
         "fused_member_steps": int(rt._dispatcher.fused_member_steps),
     }
-    dev = rt.device
-    stats = nvml.device_stats(dev)
-    device = {
-        "platform": str(dev.platform),
-        "kind": str(getattr(dev, "device_kind", dev.platform)),
-        "id": int(getattr(dev, "id", 0)),
-        "name": stats.name,
-        "utilization_percent": stats.utilization_percent,
-        "memory_used_bytes": stats.memory_used_bytes,
-        "memory_total_bytes": stats.memory_total_bytes,
-    }
-    return {"schema": SCHEMA_ID, "time_unix_s": time.time(), "runtime": runtime, "device": device,
+    return {"schema": SCHEMA_ID, "time_unix_s": time.time(), "runtime": runtime, "device": None,
             "arena": arena_doc, "lanes": lanes, "jobs": jobs, "groups": groups}
 
 
