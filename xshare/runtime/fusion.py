@@ -181,7 +181,9 @@ def regroup(states: list, slots: list[int], capacity: int) -> list:
 
 
 class Group:
-    """A fusion group as the dispatcher schedules it: one runnable unit with members."""
+    """A fusion group as the dispatcher schedules it: one runnable unit with members (it
+    implements ``records.Unit``, as a job does; whether it is ready to step is the planner's
+    question, ``Planner._group_ready``, since it depends on its members' batches)."""
 
     def __init__(self, gid: int, program: CompiledStep, fused: FusedProgram, lane: int, arrays: list,
                  ident: Any, *, name: str):
@@ -239,16 +241,6 @@ class Group:
     @property
     def dispatched(self) -> int:
         return self.steps_run
-
-    @property
-    def batches(self) -> bool:
-        """Ready to step: every stepping member has its next batch (or an end marker)."""
-        members = self.stepping()
-        return bool(members) and all(j.batches for _, j in members)
-
-    @property
-    def source(self) -> Any:
-        return None
 
     def step_estimate_s(self, flops_per_s: float | None = None) -> float:
         if self.step_time_s is not None:

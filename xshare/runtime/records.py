@@ -11,7 +11,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from .._job import JobSpec
 from .compiler import CompiledStep
@@ -42,6 +42,31 @@ class StepRecord:
     step: int
     t_begin_ns: int
     t_end_ns: int
+
+
+@runtime_checkable
+class Unit(Protocol):
+    """What the planner and the executor ask of a runnable unit: a job, or a fusion group
+    (``fusion.Group``). Both implement it with these meanings; nothing else is shared."""
+
+    id: int                  # unique among jobs and groups (one id space)
+    lane: int | None
+    priority: int
+    last_seq: int            # the dispatcher's sequence number of its latest step
+    turn_steps: int          # steps in its current turn
+    device_time_s: float
+    error: str | None
+
+    @property
+    def arrival_s(self) -> float: ...
+
+    @property
+    def steps_left(self) -> int | None: ...
+
+    @property
+    def dispatched(self) -> int: ...
+
+    def step_estimate_s(self, flops_per_s: float | None = None) -> float: ...
 
 
 @dataclass(frozen=True)

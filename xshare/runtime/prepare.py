@@ -1,0 +1,120 @@
+"""The compile pool's side of a Runtime: from a submitted spec to a ``Prepared`` event.
+
+Per job (or, in a fused runtime, per batch of jobs of one step function, so their constants are
+lifted together): restore its checkpoint, peek its first batch, lower and key its program through
+the process-wide cache, choose the program it runs (``sweeps``), compile what it needs, and post
+the result to the dispatcher, which alone writes the job's record.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from . import checkpoint, fusion
+from .causes import short_error
+from .compiler import PROGRAMS
+from .groups import _pow2
+from .leaves import layout_of, promoted
+from .records import JobRecord, Prepared
+from .recorder import job_dir
+from .source import END, BatchSource
+from .sweeps import Choice
+
+log = logging.getLogger("xshare.runtime")
+
+
+class Preparation:
+    """A part of ``Runtime``: what its compile pool threads run."""
+
+    def _prepare(self, job: JobRecord) -> None:
+        """On the compile pool: restore a checkpoint, peek the first batch, compile the program."""
+        prepared = self._prepare_program(job)
+        if prepared is not None:
+            self._dispatcher.post(self._dispatcher.compiled, job, prepared)
+
+    def _prepare_program(self, job: JobRecord) -> Prepared | None:
+        """Restore a checkpoint, peek the first batch, lower (and unless fused, compile) the
+        job's own program. Nothing here writes the job's record (the dispatcher thread owns
+        it): the result goes to the dispatcher as a ``Prepared`` event; None if the job already
+        ended (its end is posted)."""
+        spec, post, restored = job.spec, self._dispatcher.post, None
+        try:
+            saved = self._restore(job) if self._resume else None
+        except Exception as err:  # noqa: BLE001 - a broken checkpoint fails its job alone
+            post(self._dispatcher.fail_now, job, f"could not resume from its checkpoint: {short_error(err)}", err)
+            return None
+        try:
+            if saved is not None and saved.done:
+                done = spec.replace(start_step=saved.step)  # its steps count as done
+                self.recorder.open(job, resume_from=saved.step)
+                post(self._dispatcher.finish_now, job, saved.state, saved.metrics,
+                     f"resumed: already done at step {saved.step}", done)
+                return None
+            if saved is not None:
+                spec, restored = spec.replace(state=saved.state, start_step=saved.step), saved.metrics
+            self.recorder.open(job, resume_from=spec.start_step if self._resume else None)
+            if spec.start_step:
+                self.recorder.line(job, f"resumed at step {spec.start_step}")
+            source = BatchSource(spec.data, start=spec.start_step, stop=spec.steps)
+            first = source.peek()
+        except Exception as err:  # noqa: BLE001 - a broken job fails alone
+            post(self._dispatcher.fail_now, job,
+                 f"its data raised while producing batch {spec.start_step}: {short_error(err)}", err)
+            return None
+        if first is END:
+            post(self._dispatcher.finish_now, job, spec.state, None, "no batches: done", spec)
+            return None
+        try:
+            _, batch_layout = layout_of(first)
+            # Fused: lowered and keyed only (the group compiles its own vmapped program).
+            program = PROGRAMS.get(spec.job, spec.state, first, device=self.device,
+                                   fenced=self._ring is not None, compile=not self.fuse)
+            if program.promoted:  # Python numbers the step changes are carried as arrays
+                spec = spec.replace(state=promoted(spec.state, program.promoted))
+            _, layout = layout_of(spec.state)
+        except Exception as err:  # noqa: BLE001
+            post(self._dispatcher.fail_now, job, f"could not compile its step: {short_error(err)}", err)
+            return None
+        return Prepared(program=program, spec=spec, layout=layout, batch_layout=batch_layout,
+                        source=source, restored_metrics=restored, fuse_hint=job.fuse_hint)
+
+    def _prepare_fused(self, jobs: list[JobRecord]) -> None:
+        """On the compile pool, for jobs submitted together to a fused runtime: their programs
+        are chosen together (sweeps.py: a sweep that differs only in constants becomes one
+        lifted program), then each group program is compiled here, off the dispatcher."""
+        pairs = [(job, prep) for job in jobs if (prep := self._prepare_program(job)) is not None]
+        if not pairs:
+            return
+        try:
+            choices = self._sweeps.assign([prep.program for _, prep in pairs])
+        except Exception as err:  # noqa: BLE001 - lifting is an optimization: run unlifted
+            log.warning("xshare: constant lifting failed, jobs keep their own programs: %s", short_error(err))
+            choices = [Choice(prep.program) for _, prep in pairs]
+        together: dict[str, int] = {}
+        for choice in choices:
+            together[choice.program.key] = together.get(choice.program.key, 0) + 1
+        fenced = self._ring is not None
+        for (job, prep), choice in zip(pairs, choices):
+            program = choice.program
+            # The group it is about to have: the jobs of this call on its program, or one that
+            # runs alone now and can move in (sweeps.Choice.peers). A lone job runs its solo program.
+            prep = dataclasses.replace(prep, program=program, lifted=choice.lifted, traced=choice.traced,
+                                       fuse_hint=together[program.key])
+            try:
+                if prep.fuse_hint >= 2 or choice.peers >= 2:
+                    fusion.fused_program(program, max(2, _pow2(prep.fuse_hint)), self.device,
+                                         fenced=fenced, prefetch=self.prefetch)
+                else:
+                    program.ensure()  # alone in its family: it runs its solo program
+            except Exception as err:  # noqa: BLE001
+                self._dispatcher.post(self._dispatcher.fail_now, job,
+                                      f"could not compile its step: {short_error(err)}", err)
+                continue
+            self._dispatcher.post(self._dispatcher.compiled, job, prep)
+
+    def _restore(self, job: JobRecord) -> checkpoint.Checkpoint | None:
+        """``job``'s checkpoint (its step, state and metrics to continue from), if any."""
+        return checkpoint.load(checkpoint.path_for(self.checkpoint_dir, job_dir(job.name)),
+                               job.spec.state, job=job.name)
+
