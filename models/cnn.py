@@ -2,9 +2,9 @@
 
 The model: a stride-2 3x3 stem (32x32 -> 16x16), ``blocks`` pre-activation residual blocks
 (relu, conv, relu, conv, added back), global average pooling and a linear head. No batch norm:
-``models.common.train_job`` threads parameters only, and a residual stack this shallow trains
-without normalisation. The stem's stride keeps a step in the tens of milliseconds on a 2-core CPU
-(the convolutions run at 16x16, a quarter of the work of 32x32).
+a residual stack this shallow trains without normalisation. The stem's stride keeps a step in the
+tens of milliseconds on a 2-core CPU (the convolutions run at 16x16, a quarter of the work of
+32x32).
 
 The data: each class owns a fixed smooth colour pattern (a random 8x8x3 field upsampled to
 32x32); an image is its class's pattern, cyclically shifted by up to 4 pixels each way, scaled
@@ -20,7 +20,7 @@ from flax import nnx
 
 import xshare
 
-from .common import ADAM, adam, check_common, check_positive_ints, classification_loss, train_job
+from .common import adam, check_common, check_positive_ints, classification_loss, train_job
 
 IMAGE, CHANNELS_IN, CLASSES = 32, 3, 10
 MAX_SHIFT = 4
@@ -88,7 +88,8 @@ def make_job(lr: float = 1e-3, channels: int = 16, blocks: int = 2, batch: int =
     check_positive_ints("cnn", channels=channels, blocks=blocks, batch=batch)
     model = ResNet(channels, blocks, rngs=nnx.Rngs(seed))
 
-    step, state = train_job(model, adam(lr), classification_loss, name="cnn", tx_key=ADAM)
-    return step.bind(state, PatternData(batch, seed), steps=steps, name=name or f"cnn-c{channels}-s{seed}",
+    step = train_job(classification_loss, name="cnn")
+    return step.bind((model, adam(model, lr)), PatternData(batch, seed), steps=steps,
+                     name=name or f"cnn-c{channels}-s{seed}",
                      meta={"model": "cnn", "lr": lr, "channels": channels, "blocks": blocks, "batch": batch,
                            "seed": seed})

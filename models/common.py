@@ -1,13 +1,13 @@
-"""What every model job shares: a Flax NNX model split into a pure (graphdef, state) step.
+"""What every model job shares: its train step and optimizer, over the public ``xshare.nnx``.
 
-xshare jobs are pure functions over pytrees, so each model is split once with ``nnx.split``
-and the train step merges it back inside the traced function. The job's state is
-``{"params": nnx.State, "opt": optax state, "step": int32}``.
+A model is a Flax NNX module trained in place, as the NNX tutorial writes it:
+``step(model, optimizer, batch)`` computes the loss and its gradients and updates both objects;
+``xshare.nnx.job`` makes that a job (any NNX state rides along: batch statistics, RNG streams).
+What is model-specific here is only the loss and the optimizer.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Any, Callable
 
 import jax
@@ -17,76 +17,48 @@ from flax import nnx
 
 import xshare
 
-
-# One step function per (model structure, optimizer kind, loss, name): jobs a sweep's factory
-# builds (one call per learning rate or seed) then share one ``Job`` object, so the runtime
-# traces the step once for the whole sweep (its trace memo is keyed like ``jax.jit``: by
-# function), instead of once per job (~50 ms of Flax tracing each, the larger part of a small
-# fused sweep's start). Bounded: a service that builds many model shapes does not keep them all.
-_SHARED_STEPS: OrderedDict[tuple, xshare.Job] = OrderedDict()
-_SHARED_STEPS_MAX = 32
+# One xshare.nnx job per (loss, name): jobs a sweep's factory builds (one call per learning
+# rate or seed) then share it, and xshare.nnx shares one pure step among binds of one object
+# structure, so the runtime traces the step once for the whole sweep (its trace memo is keyed
+# like ``jax.jit``: by function), instead of once per job (~50 ms of Flax tracing each, the
+# larger part of a small fused sweep's start). Bounded by the code: one entry per loss.
+_STEPS: dict[tuple, Any] = {}
 
 
-def train_job(model: nnx.Module, tx: optax.GradientTransformation,
-              loss_fn: Callable[[nnx.Module, Any], tuple[jax.Array, dict[str, jax.Array]]],
-              *, name: str, tx_key: Any = None) -> tuple[xshare.Job, dict[str, Any]]:
-    """(the xshare job for one optimizer step, its initial state) for ``model`` and ``tx``.
-
-    ``loss_fn(model, batch) -> (loss, extra_metrics)``; the step reports ``loss`` and the extras.
-    ``tx_key``: a hashable name for ``tx``'s *update rule* when it reads every hyperparameter
-    from its state (``adam()`` below gives ``ADAM``): jobs with equal model structure, ``tx_key``,
-    ``loss_fn`` and ``name`` then share one step function. Leave it None for a ``tx`` with
-    compile-time constants (its step is then this job's own).
-    """
-    graphdef, params = nnx.split(model, nnx.Param)
-    # Anything that is not a Param (e.g. batch-norm statistics) would need threading through the
-    # state; the zoo's models keep only parameters, and this checks it.
-    rest = nnx.state(model, nnx.Not(nnx.Param))
-    if jax.tree.leaves(rest):
-        raise ValueError(f"{name}: models/common.train_job supports parameter-only models")
-    state = {"params": params, "opt": tx.init(params), "step": jnp.zeros((), jnp.int32)}
-    if tx_key is None:
-        return _step_job(graphdef, tx, loss_fn, name), state
-    key = (graphdef, tx_key, loss_fn, name)
-    job = _SHARED_STEPS.get(key)
+def train_job(loss_fn: Callable[[nnx.Module, Any], tuple[jax.Array, dict[str, jax.Array]]],
+              *, name: str) -> "xshare.nnx.NnxJob":
+    """The ``xshare.nnx`` job for one optimizer step on ``loss_fn(model, batch) -> (loss,
+    extra_metrics)``; the step reports ``loss`` and the extras. Bind it to ``(model,
+    optimizer)``: ``train_job(loss, name="mlp").bind((model, adam(model, lr)), data, ...)``."""
+    key = (loss_fn, name)
+    job = _STEPS.get(key)
     if job is None:
-        # (safe to keep this job's tx: with tx_key, its update reads lr etc. from the state)
-        job = _SHARED_STEPS[key] = _step_job(graphdef, tx, loss_fn, name)
-        while len(_SHARED_STEPS) > _SHARED_STEPS_MAX:
-            _SHARED_STEPS.popitem(last=False)
-    else:
-        _SHARED_STEPS.move_to_end(key)
-    return job, state
+        def step(model: nnx.Module, optimizer: nnx.Optimizer, batch: Any) -> dict[str, jax.Array]:
+            (loss, extra), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model, batch)
+            optimizer.update(model, grads)
+            return {"loss": loss, **extra}
+
+        step.__name__ = name
+        job = _STEPS[key] = xshare.nnx.job(step, name=name)
+    return job
 
 
-def _step_job(graphdef: Any, tx: optax.GradientTransformation, loss_fn: Callable, name: str) -> xshare.Job:
-    def step(state, batch):
-        def objective(p):
-            loss, extra = loss_fn(nnx.merge(graphdef, p), batch)
-            return loss, extra
-
-        (loss, extra), grads = jax.value_and_grad(objective, has_aux=True)(state["params"])
-        updates, opt = tx.update(grads, state["opt"], state["params"])
-        params = optax.apply_updates(state["params"], updates)
-        return {"params": params, "opt": opt, "step": state["step"] + 1}, {"loss": loss, **extra}
-
-    step.__name__ = name
-    return xshare.job(step, name=name)
+# Adam with every hyperparameter in its state (inject_hyperparams), one transformation object
+# for every job: ``nnx.Optimizer`` keeps its ``tx`` in the object structure (the graphdef), so
+# jobs built with one ``tx`` object and equal models have one structure, share one pure step
+# and fuse. ``optax.adam(lr)`` would bake ``lr`` into the program as a constant: a learning-rate
+# sweep would then be one program per job, none fusing (``Runtime(fuse=True)``).
+_ADAM = optax.inject_hyperparams(optax.adam)(learning_rate=1e-3)
 
 
-# tx_key of adam(): inject_hyperparams keeps lr, b1, b2, eps in the optimizer state, so the
-# update rule is the same function for every learning rate.
-ADAM = "optax.inject_hyperparams(optax.adam)"
-
-
-def adam(lr: float) -> optax.GradientTransformation:
-    """Adam with its learning rate kept in the optimizer state, not baked into the program.
-
-    ``optax.adam(lr)`` makes ``lr`` a compile-time constant: jobs of a learning-rate sweep are
-    then different programs and cannot share an executable or fuse (``Runtime(fuse=True)``).
-    ``inject_hyperparams`` stores it as an array in the state, so the whole sweep is one program.
-    """
-    return optax.inject_hyperparams(optax.adam)(learning_rate=lr)
+def adam(model: nnx.Module, lr: float) -> nnx.Optimizer:
+    """An ``nnx.Optimizer`` over ``model``'s parameters: Adam with learning rate ``lr``, which
+    lives in the optimizer state (exactly what ``inject_hyperparams(adam)(learning_rate=lr)``
+    would hold), not in the program."""
+    optimizer = nnx.Optimizer(model, _ADAM, wrt=nnx.Param)
+    rate = optimizer.opt_state.hyperparams["learning_rate"]
+    rate[...] = jnp.asarray(lr, dtype=rate[...].dtype)
+    return optimizer
 
 
 def accuracy(logits: jax.Array, labels: jax.Array) -> jax.Array:

@@ -12,7 +12,7 @@ from flax import nnx
 
 import xshare
 
-from .common import ADAM, adam, check_common, check_positive_ints, classification_loss, train_job
+from .common import adam, check_common, check_positive_ints, classification_loss, train_job
 
 IN_DIM, CLASSES = 32, 10
 
@@ -71,7 +71,8 @@ def make_job(lr: float = 1e-3, width: int = 128, depth: int = 2, batch: int = 64
     check_positive_ints("mlp", width=width, depth=depth, batch=batch)
     model = MLP(width, depth, rngs=nnx.Rngs(seed))
 
-    step, state = train_job(model, adam(lr), classification_loss, name="mlp", tx_key=ADAM)
-    return step.bind(state, TeacherData(batch, seed), steps=steps, name=name or f"mlp-w{width}-s{seed}",
+    step = train_job(classification_loss, name="mlp")
+    return step.bind((model, adam(model, lr)), TeacherData(batch, seed), steps=steps,
+                     name=name or f"mlp-w{width}-s{seed}",
                      meta={"model": "mlp", "lr": lr, "width": width, "depth": depth, "batch": batch,
                            "seed": seed})

@@ -4,7 +4,7 @@ The model: token embedding plus a learned position embedding, ``layers`` pre-Lay
 (causal multi-head self-attention, then a 4x GELU MLP, each added back to the residual stream),
 a final LayerNorm and a linear head over the characters. The attention is written out with
 ``einsum`` rather than ``nnx.MultiHeadAttention`` so the model holds parameters only (no RNG
-streams or decode caches), which is what ``models.common.train_job`` threads.
+streams or decode caches).
 
 The data: ``models/corpus.txt`` (about 25 KB of original prose written for this repo, in the
 public domain), read with ``importlib.resources`` so it works from an installed package. The
@@ -26,7 +26,7 @@ from flax import nnx
 
 import xshare
 
-from .common import ADAM, HyperparameterError, adam, check_common, check_positive_ints, train_job
+from .common import HyperparameterError, adam, check_common, check_positive_ints, train_job
 
 CORPUS = "corpus.txt"
 
@@ -123,8 +123,9 @@ def make_job(lr: float = 3e-3, d_model: int = 64, layers: int = 2, heads: int = 
     data = WindowData(batch, seq, seed)
     model = CharTransformer(len(vocab), d_model, layers, heads, seq, rngs=nnx.Rngs(seed))
 
-    step, state = train_job(model, adam(lr), _lm_loss, name="transformer", tx_key=ADAM)
-    return step.bind(state, data, steps=steps, name=name or f"transformer-d{d_model}-s{seed}",
+    step = train_job(_lm_loss, name="transformer")
+    return step.bind((model, adam(model, lr)), data, steps=steps,
+                     name=name or f"transformer-d{d_model}-s{seed}",
                      meta={"model": "transformer", "lr": lr, "d_model": d_model, "layers": layers,
                            "heads": heads, "seq": seq, "batch": batch, "seed": seed,
                            "vocab": len(vocab)})

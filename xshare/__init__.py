@@ -20,6 +20,8 @@ __version__ = "0.1.0"
 _LAZY: dict[str, str] = {
     # jobs (xshare._job imports jax)
     "job": "xshare._job", "Job": "xshare._job", "JobSpec": "xshare._job",
+    # adapters (a module: xshare.nnx imports flax)
+    "nnx": "xshare.nnx",
     # runtime
     "Runtime": "xshare.runtime.runtime", "JobHandle": "xshare.runtime.runtime",
     "run": "xshare.runtime.runtime",
@@ -36,6 +38,8 @@ _LAZY: dict[str, str] = {
 __all__ = [
     # jobs
     "job", "Job", "JobSpec",
+    # adapters
+    "nnx",
     # runtime
     "Runtime", "JobHandle", "Progress", "StepRecord", "run", "POLICIES",
     # memory
@@ -49,7 +53,8 @@ def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'xshare' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    imported = importlib.import_module(module)
+    value = imported if module == f"{__name__}.{name}" else getattr(imported, name)
     globals()[name] = value  # later lookups are plain attribute reads
     return value
 
@@ -65,6 +70,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; never executed
     from ._errors import JobFailed as JobFailed
     from ._errors import SpecError as SpecError
     from ._errors import XShareError as XShareError
+    from . import nnx as nnx
     from ._job import Job as Job
     from ._job import JobSpec as JobSpec
     from ._job import job as job

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
@@ -35,6 +36,10 @@ class JobSpec:
     nan_policy: str = "ignore"
     meta: Mapping[str, Any] = field(default_factory=dict)
     observer: Callable[[int, Mapping[str, float], float], Mapping[str, float] | None] | None = None
+    # Applied by ``JobHandle.result`` to the final host state: adapters whose users think in
+    # other objects than a pytree (``xshare.nnx`` rebuilds NNX modules) turn it back into them.
+    # The runtime never calls it: it steps, swaps and checkpoints the plain pytree.
+    result_transform: Callable[[Any], Any] | None = None
 
     @property
     def fn(self) -> Callable:
@@ -111,6 +116,7 @@ class Job:
             raise ValueError("data is a callable step -> batch, so steps must be given (it never runs out)")
         if not callable(data) and not _is_iterable(data):
             raise TypeError(f"data must be an iterable of batches or a callable step -> batch; got {type(data).__name__}")
+        _refuse_nnx_objects(state)
         return JobSpec(
             job=self,
             state=state,
@@ -125,6 +131,25 @@ class Job:
 
     def __repr__(self) -> str:
         return f"xshare.job({self.name})"
+
+
+def _refuse_nnx_objects(state: Any) -> None:
+    """Live Flax NNX objects as state are the in-place NNX style, which has its own entry point.
+    (No NNX object can exist unless ``flax.nnx`` was imported: otherwise nothing to check, and
+    ``xshare.job`` never imports flax.)"""
+    nnx = sys.modules.get("flax.nnx")
+    graph_object = getattr(nnx, "Pytree", None) or getattr(nnx, "Object", None)
+    if graph_object is None:
+        return
+    found = [x for x in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, graph_object))
+             if isinstance(x, graph_object)]
+    if found:
+        raise TypeError(
+            f"the state given to bind holds a live Flax NNX object ({type(found[0]).__name__}); "
+            f"xshare.job runs pure steps (state, batch) -> (new_state, metrics). For an NNX step "
+            f"that changes its objects in place, step(model, optimizer, batch) -> metrics, use "
+            f"@xshare.nnx.job and bind((model, optimizer), data, ...); for the functional "
+            f"pattern pass the state of graphdef, state = nnx.split((model, optimizer))")
 
 
 def _is_iterable(obj: Any) -> bool:

@@ -55,7 +55,10 @@ class JobHandle:
 
     def result(self, timeout: float | None = None) -> tuple[Any, dict[str, float] | None]:
         """(final state as numpy arrays on the host, last metrics). Raises JobFailed (or
-        AdmissionError, for a job that can never fit in the arena) or JobCancelled."""
+        AdmissionError, for a job that can never fit in the arena) or JobCancelled.
+
+        A spec with a ``result_transform`` (``xshare.nnx`` jobs) gets it applied to the state:
+        an NNX job's result is ``(new NNX objects, metrics)``, new objects on every call."""
         if not self.wait(timeout):
             raise TimeoutError(f"job {self.name!r} still {self.status()} after {timeout} s")
         rec = self._rec
@@ -65,7 +68,9 @@ class JobHandle:
             raise JobFailed(self.name, rec.error or "unknown error")
         if rec.state is JobState.CANCELLED:
             raise JobCancelled(f"job {self.name!r} was cancelled at step {rec.spec.start_step + rec.steps_done}")
-        return rec.host_state, rec.last_metrics
+        transform = rec.spec.result_transform
+        state = rec.host_state if transform is None else transform(rec.host_state)
+        return state, rec.last_metrics
 
     def pause(self, *, offload: bool = False) -> None:
         self._rt.pause(self, offload=offload)
