@@ -1,0 +1,3 @@
+"""placeholder"""
+def oip_routes(rt):
+    return []
