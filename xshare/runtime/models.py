@@ -29,6 +29,7 @@ from .._errors import AdmissionError, XShareError
 from .._units import format_bytes
 from ..memory import Admitted
 from ..serving.spec import OIP_DATATYPES, InferError, ModelSpec
+from .causes import short_error
 
 log = logging.getLogger("xshare.serving")
 
@@ -194,8 +195,8 @@ class Deployed:
         now = time.monotonic()
         if error is not None:
             self.errors_total += len(reqs)
-            err = InferError(500, f"model {self.name!r}: predict failed for this batch: "
-                                  f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}")
+            log.warning("model %r: a batch of %d request(s) failed: %s", self.name, len(reqs), short_error(error))
+            err = InferError(500, f"model {self.name!r}: predict failed for this batch: {short_error(error)}")
             for r in reqs:
                 r.future.set_exception(err)
             return

@@ -99,7 +99,8 @@ def snapshot(rt: Any) -> dict[str, Any]:
         "memory_total_bytes": stats.memory_total_bytes,
     }
     return {"schema": SCHEMA_ID, "time_unix_s": time.time(), "runtime": runtime, "device": device,
-            "arena": arena_doc, "lanes": lanes, "jobs": jobs, "groups": groups}
+            "arena": arena_doc, "lanes": lanes, "jobs": jobs, "groups": groups,
+            "models": [m.stats() for m in list(getattr(rt._dispatcher.serving, "models", {}).values())]}
 
 
 def _job(j: Any, now: float) -> dict[str, Any]:

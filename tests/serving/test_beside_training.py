@@ -1,0 +1,89 @@
+"""Models next to training: a job beside busy models ends bit-identical to the same job alone;
+models come and go while requests flow, and no answer is wrong or lost."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from tests.helpers import assert_trees_equal, linreg_data, linreg_state, linreg_step, plain_loop
+from tests.serving.conftest import (affine_spec, direct_mlp, infer_mlp, mlp_spec, rows,  # noqa: F401
+                                    served)
+
+
+class Load:
+    """A client thread asking model ``name`` until stopped; checks every answer against predict."""
+
+    def __init__(self, address: str, name: str = "mlp"):
+        self.address, self.name = address, name
+        self.answers, self.wrong, self.errors = 0, [], []
+        self._stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        c = httpclient.InferenceServerClient(self.address)
+        k = 0
+        try:
+            while not self._stop.is_set():
+                x = rows(1 + k % 5, seed=k)
+                try:
+                    got = infer_mlp(c, x)
+                except InferenceServerException as err:
+                    self.errors.append(str(err))
+                    continue
+                if not np.array_equal(got["y"], direct_mlp(x)["y"]):  # one client: each batch is its own
+                    self.wrong.append(k)
+                self.answers += 1
+                k += 1
+        finally:
+            c.close()
+
+    def __enter__(self) -> "Load":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self.thread.join(60)
+
+
+def test_a_training_job_beside_busy_models_ends_bit_identical_to_running_alone(served):
+    spec = linreg_step.bind(linreg_state(seed=3), linreg_data(seed=3), steps=400, name="train")
+    want_state, want_metrics = plain_loop(spec)
+    with Load(served.status_server.address) as load:
+        handle = served.submit(linreg_step.bind(linreg_state(seed=3), linreg_data(seed=3), steps=400,
+                                                name="train"))
+        state, metrics = handle.result()
+    assert load.answers > 0 and load.wrong == [] and load.errors == []
+    assert_trees_equal(state, want_state)
+    assert_trees_equal(metrics, want_metrics)
+
+
+def test_models_deploy_and_undeploy_while_requests_flow(served):
+    import xshare
+
+    with Load(served.status_server.address) as load:
+        for round_ in range(3):
+            h = served.deploy(affine_spec(name=f"extra{round_}"))
+            a = np.ones((2, 3), np.float32)
+            b = np.full((2, 3), round_, np.int32)
+            np.testing.assert_array_equal(h.infer({"a": a, "b": b})["output"], a * np.arange(1, 4) + round_)
+            served.undeploy(f"extra{round_}")
+            assert f"extra{round_}" not in served.models
+            with pytest.raises(xshare.InferError, match="is gone"):
+                h.infer({"a": a, "b": b})
+        seen = load.answers
+        while load.answers < seen + 3:  # still answering after the churn
+            load.thread.join(0.05)
+    assert load.wrong == [] and load.errors == []
+    s = served.snapshot()
+    from xshare.runtime import status as status_mod
+
+    assert status_mod.validate(s) == []
+    assert [m["name"] for m in s["models"]] == ["mlp", "affine"]
+    # every undeployed model gave its bytes back: the lanes hold the two deployed models only
+    assert sorted(n for lane in s["lanes"] for n in lane["jobs"]) == ["model:affine", "model:mlp"]
