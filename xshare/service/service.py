@@ -43,7 +43,7 @@ class Service:
 
     def __init__(self, *, run_dir: str | os.PathLike, memory: Any = None, policy: str = "pack",
                  host: str = "127.0.0.1", port: int = 0, resume: bool = False,
-                 checkpoint_every: int | None = 100, fuse: bool = False):
+                 checkpoint_every: int | None = 100, fuse: bool = False, models: list[Any] = ()):
         import xshare
         from xshare.runtime.server import StatusServer
 
@@ -63,7 +63,9 @@ class Service:
                                  resume=resume, fuse=fuse)
         try:
             self.resumed = self._resume() if resume else []
+            self.deployed = [self.deploy(req) for req in models]  # before the address is announced
             self.server = StatusServer(self.rt, host, port, submit=self.submit_payload,
+                                       deploy=self.deploy_payload, undeploy=self.undeploy_name,
                                        announce={"kind": "service", "run_dir": str(self.run_dir.resolve())})
             self.server.start()
             from xshare.runtime.discovery import write_private
@@ -102,6 +104,46 @@ class Service:
             raise Refused(422, f"job {refused[0].name!r} can never fit: {refused[0].exception}",
                           {"jobs": jobs})
         return {"jobs": jobs}
+
+    # ------------------------------------------------------------------ models
+    def deploy(self, request: Any) -> str:
+        """Build a model request (:mod:`.models`) and deploy it; its name. SpecError if the
+        entry cannot be built; AdmissionError if it does not fit now."""
+        spec = request.build()
+        with self._lock:
+            self.rt.deploy(spec)
+        log.info("service: deployed model %r", spec.name)
+        return spec.name
+
+    def deploy_payload(self, payload: Any) -> dict[str, Any]:
+        """``POST /models``: 400 a malformed request, 422 an entry that cannot be built or a model
+        that cannot fit, 409 a name already deployed."""
+        from xshare.runtime.server import Refused
+
+        from .models import ModelRequest
+
+        try:
+            request = ModelRequest.from_json(payload)
+        except RequestError as err:
+            raise Refused(400, str(err)) from None
+        try:
+            name = self.deploy(request)
+        except (SpecError, AdmissionError) as err:
+            raise Refused(422, _one_line(err)) from None
+        except XShareError as err:  # a name already deployed, or the runtime is closing
+            raise Refused(409, _one_line(err)) from None
+        return {"model": name, "status": "ready", "metadata": self.rt.model(name).metadata()}
+
+    def undeploy_name(self, name: str) -> dict[str, Any]:
+        """``DELETE /models/{name}``: 404 if no such model is deployed."""
+        from xshare.runtime.server import Refused
+
+        try:
+            self.rt.undeploy(name)
+        except KeyError as err:
+            raise Refused(404, str(err.args[0])) from None
+        log.info("service: undeployed model %r", name)
+        return {"model": name, "status": "gone"}
 
     def submit(self, requests: list[JobRequest], *, names: list[str] | None = None,
                journal: bool = True) -> tuple[list[str], list[Any]]:
