@@ -102,6 +102,8 @@ def test_metrics_count_each_models_requests_and_sigterm_stops_cleanly(service):
     assert fams["xshare_model_request_seconds"].type == "histogram"
     top = service.cli("top", "--once", "--address", service.address)
     assert top.returncode == 0, top.stderr
-    assert "mlp" in top.stdout and "zoo" in top.stdout
+    assert "Models (Open Inference Protocol" in top.stdout
+    row = next(line for line in top.stdout.splitlines() if line.strip("│┃ ").startswith("mlp "))
+    assert "ready" in row
     rc, out, err = service.terminate()
     assert rc == 0, err
