@@ -315,8 +315,7 @@ class Hub:
             arena.release(m.arena_id)
             raise AdmissionError(f"model {m.name!r} does not fit now (P {format_bytes(m.persistent_bytes)} "
                                  f"+ E {format_bytes(m.ephemeral_bytes)}): {placed.reason}")
-        m.lane = placed.lane_id
-        m.state = "ready"
+        m.lane = placed.lane_id  # stays "loading" (taking no requests) until its params are placed
         self.models = {**self.models, m.name: m}
         self._order = tuple(sorted(self.models.values(), key=lambda x: -x.spec.priority))
 

@@ -306,6 +306,7 @@ class Runtime:
         d.call(d.serving.add, deployed)
         try:
             deployed.put_params()
+            deployed.state = "ready"  # from here requests are taken
         except BaseException:
             d.call(d.serving.remove, spec.name)
             raise
