@@ -187,26 +187,34 @@ def load(targets: list[tuple[str, str]], rate: float, duration: float, seed: int
     local = threading.local()
     lat: list[list[float]] = [[] for _ in targets]
     errors = [0] * len(targets)
+    failures: list[str] = []
 
     def send(t_sched: float, k: int) -> None:
         address, name = targets[k]
         conns = local.__dict__.setdefault("conns", {})
-        try:
-            conn = conns.get(address)
-            if conn is None:
-                host, port = address.rsplit(":", 1)
-                conn = conns[address] = http.client.HTTPConnection(host, int(port), timeout=60)
-            conn.request("POST", f"/v2/models/{name}/infer", body, {"Content-Type": "application/json"})
-            resp = conn.getresponse()
-            resp.read()
-            ok = resp.status == 200
-        except OSError:
-            conns.pop(address, None)
-            ok = False
-        if ok:
+        status: Any = None
+        for attempt in range(2):  # a kept-alive connection the server closed meanwhile: once more, fresh
+            reused = address in conns
+            try:
+                conn = conns.get(address)
+                if conn is None:
+                    host, port = address.rsplit(":", 1)
+                    conn = conns[address] = http.client.HTTPConnection(host, int(port), timeout=60)
+                conn.request("POST", f"/v2/models/{name}/infer", body, {"Content-Type": "application/json"})
+                resp = conn.getresponse()
+                resp.read()
+                status = resp.status
+                break
+            except (OSError, http.client.HTTPException) as err:
+                conns.pop(address, None)
+                status = type(err).__name__
+                if not reused:
+                    break
+        if status == 200:
             lat[k].append(time.perf_counter() - t0 - t_sched)
         else:
             errors[k] += 1
+            failures.append(str(status))
 
     pool = ThreadPoolExecutor(max_workers=32)
     t0 = time.perf_counter()
@@ -217,7 +225,8 @@ def load(targets: list[tuple[str, str]], rate: float, duration: float, seed: int
         pool.submit(send, t_sched, k)
     pool.shutdown(wait=True)
     wall = time.perf_counter() - t0
-    return {"wall_s": wall, "sent": len(arrivals), "latencies_s": lat, "errors": errors}
+    return {"wall_s": wall, "sent": len(arrivals), "latencies_s": lat, "errors": errors,
+            "failures": sorted(set(failures))}
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -264,7 +273,7 @@ def measure(case: str, servers: Any, rate: float, duration: float, train: bool =
     every = [x for per in lat for x in per]
     per_model_p99 = [_pct(v, 0.99) for v in lat if v]
     return {"case": case, "models": len(servers.targets), "rate_per_model": rate, "sent": result["sent"],
-            "answered": len(every), "errors": sum(result["errors"]),
+            "answered": len(every), "errors": sum(result["errors"]), "failures": result.get("failures", []),
             "throughput_rps": len(every) / result["wall_s"] if result["wall_s"] else 0.0,
             "p50_ms": None if not every else 1e3 * _pct(every, 0.5),
             "p99_ms": None if not every else 1e3 * _pct(every, 0.99),
