@@ -87,3 +87,36 @@ def test_models_deploy_and_undeploy_while_requests_flow(served):
     assert [m["name"] for m in s["models"]] == ["mlp", "affine"]
     # every undeployed model gave its bytes back: the lanes hold the two deployed models only
     assert sorted(n for lane in s["lanes"] for n in lane["jobs"]) == ["model:affine", "model:mlp"]
+
+
+def test_a_due_batch_goes_before_training_even_under_an_exclusive_policy(tmp_path):
+    # fifo gives the device to one job until it ends; a model's batch still runs at the next
+    # iteration boundary, and the job, which never stops, keeps stepping after it.
+    import xshare
+
+    with xshare.Runtime(policy="fifo", memory="128MiB") as rt:
+        job = rt.submit(linreg_step.bind(linreg_state(), linreg_data(), steps=10**7, name="hog"))
+        while job.progress().steps_done < 10:
+            job.wait(timeout=0.01)
+        m = rt.deploy(mlp_spec())
+        for n in (1, 3):
+            np.testing.assert_array_equal(m.infer({"x": rows(n)}, timeout=60)["y"], direct_mlp(rows(n))["y"])
+        before = job.progress().steps_done
+        while job.progress().steps_done <= before:
+            job.wait(timeout=0.01)
+        assert job.status() == "running"
+        rt.cancel(job)
+
+
+def test_stop_answers_every_queued_request_before_it_closes():
+    import xshare
+
+    rt = xshare.Runtime(memory="128MiB")
+    m = rt.deploy(mlp_spec(max_delay_ms=600_000))  # not due for ten minutes
+    waiting = [m.submit({"x": rows(2, seed=k)}) for k in range(3)]
+    assert not any(f.done() for f in waiting)
+    rt.stop()
+    for k, f in enumerate(waiting):
+        np.testing.assert_array_equal(f.result(0)["y"], direct_mlp(rows(2, seed=k))["y"])
+    with pytest.raises(xshare.InferError, match="takes no requests"):
+        m.infer({"x": rows(1)})

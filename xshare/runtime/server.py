@@ -19,6 +19,8 @@ Refusals are 4xx with nothing changed: 401 no or wrong token, 400 a malformed bo
 404 an unknown job, 408 a body shorter than its Content-Length (after ``BODY_TIMEOUT_S``),
 409 an action the job's state forbids, 411/413 chunked or over-long bodies.
 
+A client that has not sent a whole request head within ``HEADER_TIMEOUT_S`` is disconnected.
+
 Reading is open to anyone who can reach the socket, which by default is only this host
 (``127.0.0.1``); changing state needs the random token that only the discovery file (mode
 0600, readable by this user) carries. The token is never logged. Inference (``/v2``) needs no
@@ -63,6 +65,7 @@ PRIORITY_MAX = 2**31 - 1  # priorities cross JSON into policies: a signed 32-bit
 BODY_TIMEOUT_S = 5.0  # a client may stall this long mid-body before it gets 408
 KEEP_ALIVE_S = 5  # an idle keep-alive connection is closed after this
 BACKLOG = 128  # listen() backlog: a sweep driver or dashboard opens many connections at once
+HEADER_TIMEOUT_S = 10.0  # a connection that has not sent a whole request head by then is closed
 
 
 class Refused(XShareError):
@@ -137,7 +140,7 @@ class StatusServer:
         self.port = sock.getsockname()[1]
         _quiet_uvicorn()
         config = uvicorn.Config(
-            build_app(self), http="h11", loop="asyncio", lifespan="off", log_config=None,
+            build_app(self), http=_header_timeout_protocol(), loop="asyncio", lifespan="off", log_config=None,
             access_log=False,  # our middleware logs requests at debug, to xshare.server
             timeout_keep_alive=KEEP_ALIVE_S, timeout_graceful_shutdown=2, backlog=BACKLOG,
             server_header=False, date_header=False,
@@ -210,6 +213,37 @@ class StatusServer:
 
     def __repr__(self) -> str:  # no token here: reprs end up in logs
         return f"StatusServer({self.address}, running={self.running})"
+
+
+def _header_timeout_protocol() -> type:
+    """uvicorn's h11 protocol, plus a deadline for the first request head: uvicorn times out idle
+    keep-alive connections but not a client that opens one and trickles (or never sends) its
+    request line, which would hold a socket for ever (slowloris)."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class Protocol(H11Protocol):
+        def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._head_deadline = self.loop.call_later(HEADER_TIMEOUT_S, self._head_late)
+
+        def handle_events(self) -> None:
+            super().handle_events()
+            if self.cycle is not None and self._head_deadline is not None:  # a request head arrived
+                self._head_deadline.cancel()
+                self._head_deadline = None
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self._head_deadline is not None:
+                self._head_deadline.cancel()
+                self._head_deadline = None
+            super().connection_lost(exc)
+
+        def _head_late(self) -> None:
+            self._head_deadline = None
+            if self.cycle is None and not self.transport.is_closing():
+                self.transport.close()
+
+    return Protocol
 
 
 def _quiet_uvicorn() -> None:
