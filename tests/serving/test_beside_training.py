@@ -120,3 +120,27 @@ def test_stop_answers_every_queued_request_before_it_closes():
         np.testing.assert_array_equal(f.result(0)["y"], direct_mlp(rows(2, seed=k))["y"])
     with pytest.raises(xshare.InferError, match="takes no requests"):
         m.infer({"x": rows(1)})
+
+
+def test_a_model_made_from_a_finished_jobs_final_state():
+    import jax
+
+    import xshare
+
+    def predict(state, inputs):  # the trained linear model, served
+        return {"y": inputs["x"] @ state["w"]}
+
+    with xshare.Runtime(memory="128MiB") as rt:
+        state, _ = rt.submit(linreg_step.bind(linreg_state(), linreg_data(), steps=50, name="fit")).result()
+        want_state, _ = plain_loop(linreg_step.bind(linreg_state(), linreg_data(), steps=50))
+        m = rt.deploy(xshare.model(predict, {"w": state["w"]}, inputs={"x": ("float32", (8,))}, name="fitted",
+                                   max_batch=8))
+        x = np.random.default_rng(0).normal(size=(5, 8)).astype(np.float32)
+        got = m.infer({"x": x})["y"]
+    assert_trees_equal(state, want_state)  # the job's final state, as a plain loop ends
+    # Exactly predict over the rows as they ran: the request's 5, zero-padded to the 8-row bucket.
+    padded = np.concatenate([x, np.zeros((3, 8), np.float32)])
+    np.testing.assert_array_equal(got, np.asarray(jax.jit(predict)({"w": want_state["w"]}, {"x": padded})["y"])[:5])
+    # Over the 5 rows alone XLA:CPU picks another kernel for this matrix-vector product: 1 ulp apart.
+    np.testing.assert_allclose(got, np.asarray(jax.jit(predict)({"w": want_state["w"]}, {"x": x})["y"]),
+                               rtol=1e-6, atol=1e-6)
