@@ -107,3 +107,26 @@ def test_metrics_count_each_models_requests_and_sigterm_stops_cleanly(service):
     assert "ready" in row
     rc, out, err = service.terminate()
     assert rc == 0, err
+
+
+@pytest.mark.slow
+def test_resume_deploys_again_the_models_that_were_deployed(tmp_path):
+    first = Served(tmp_path, "--model", "tests.serving.factories:make_mlp")
+    try:
+        assert first.cli("deploy", "tests.serving.factories:make_mlp", "--name", "kept").returncode == 0
+        assert first.cli("deploy", "tests.serving.factories:make_mlp", "--name", "dropped").returncode == 0
+        assert first.cli("undeploy", "dropped").returncode == 0
+        rc, _, err = first.terminate()
+        assert rc == 0, err
+    finally:
+        first.stop()
+    second = Served(tmp_path, "--resume", "--model", "tests.serving.factories:make_mlp")
+    try:
+        c = httpclient.InferenceServerClient(second.address)
+        try:
+            assert c.is_model_ready("mlp") and c.is_model_ready("kept") and not c.is_model_ready("dropped")
+            np.testing.assert_array_equal(infer_mlp_named(c, "kept", rows(3)), direct_mlp(rows(3))["y"])
+        finally:
+            c.close()
+    finally:
+        second.stop()
