@@ -278,7 +278,34 @@ def measure(case: str, servers: Any, rate: float, duration: float, train: bool =
             "p50_ms": None if not every else 1e3 * _pct(every, 0.5),
             "p99_ms": None if not every else 1e3 * _pct(every, 0.99),
             "worst_model_p99_ms": None if not per_model_p99 else 1e3 * max(per_model_p99),
-            "train_steps_per_s": train_sps, "rss_mib": rss / 2**20}
+            "train_steps_per_s": train_sps, "rss_mib": rss / 2**20,
+            "quantiles_ms": {str(q): (None if not every else 1e3 * _pct(every, q)) for q in _QUANTILES}}
+
+
+_QUANTILES = (0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99)
+
+
+def plot(cases: list[dict[str, Any]], path: Path) -> None:
+    """Latency quantiles per case (log scale): the figure RESULTS.md shows."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for c in cases:
+        qs = [(float(q), v) for q, v in c["quantiles_ms"].items() if v is not None]
+        if qs:
+            ax.plot([100 * q for q, _ in qs], [v for _, v in qs], marker="o", label=c["case"])
+    ax.set_yscale("log")
+    ax.set_xlabel("percentile of requests")
+    ax.set_ylabel("latency, ms (from scheduled arrival)")
+    ax.set_title("Request latency per case (open-loop Poisson load)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -324,9 +351,11 @@ def main(argv: list[str] | None = None) -> int:
                  "train steps/s", "RSS MiB"],
         rows=rows, machine_info=machine, config={"models": n, "rate_per_model": rate, "duration_s": duration},
         data={"cases": data}, smoke=args.smoke,
-        notes=(f"Open-loop Poisson load, {rate:g} requests/s per model, one 32-float row per request (JSON), "
+        notes=("![latency per case](serving.png)\n\n"
+               f"Open-loop Poisson load, {rate:g} requests/s per model, one 32-float row per request (JSON), "
                f"{duration:g} s per case, from a separate process over loopback HTTP. Latency from each "
                "request's scheduled arrival. RSS: the server processes (and their children) at the end."))
+    plot(data, Path(args.out) / "serving.png")
     return 0
 
 

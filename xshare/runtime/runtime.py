@@ -278,6 +278,11 @@ class Runtime:
             raise ValueError(f"priority={priority!r} must be an int")
         self._control("set_priority", job, priority)
 
+    @property
+    def closed(self) -> bool:
+        """Whether ``close()`` (or ``stop()``) has begun: the runtime takes no more work."""
+        return self._closed
+
     # ------------------------------------------------------------------ models (serving)
     def deploy(self, spec: Any) -> Any:
         """Deploy a model (``xshare.model(...)``) next to the jobs; returns its ``ModelHandle``.

@@ -53,7 +53,7 @@ def oip_routes(rt: Any) -> list[Route]:
 
     @endpoint
     async def ready(request: Request) -> Response:
-        ok = not rt._closed
+        ok = not rt.closed
         return json_response(200 if ok else 503, {"ready": ok})
 
     @endpoint
