@@ -240,3 +240,12 @@ def test_deploy_refuses_a_second_model_of_one_name_and_one_that_cannot_fit(serve
     assert "huge" not in served.models
     with pytest.raises(KeyError, match="models: affine, mlp"):
         served.undeploy("ghost")
+
+
+def test_a_request_whose_caller_gave_up_does_not_hold_up_its_batch(served):
+    m = served.deploy(mlp_spec(name="quitters", max_batch=4, max_delay_ms=600_000, buckets=(4,)))
+    gone = m.submit({"x": rows(1, seed=0)})
+    assert gone.cancel()  # what an HTTP client that hung up does to its future
+    kept = [m.submit({"x": rows(1, seed=k)}) for k in (1, 2, 3)]  # the 4th row makes the batch due
+    for k, f in zip((1, 2, 3), kept):
+        np.testing.assert_allclose(f.result(30)["y"], direct_mlp(rows(1, seed=k))["y"], rtol=1e-5, atol=1e-5)

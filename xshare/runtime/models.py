@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -198,12 +198,12 @@ class Deployed:
             log.warning("model %r: a batch of %d request(s) failed: %s", self.name, len(reqs), short_error(error))
             err = InferError(500, f"model {self.name!r}: predict failed for this batch: {short_error(error)}")
             for r in reqs:
-                r.future.set_exception(err)
+                _settle(r.future, exc=err)
             return
         start = 0
         for r in reqs:
             # A copy of this request's rows only: the padding and the other requests' rows stay here.
-            r.future.set_result({k: v[start:start + r.rows].copy() for k, v in host.items()})
+            _settle(r.future, {k: v[start:start + r.rows].copy() for k, v in host.items()})
             start += r.rows
             latency = now - r.t_arrival
             self.latency_counts[bisect.bisect_left(LATENCY_BOUNDS_S, latency)] += 1
@@ -214,7 +214,7 @@ class Deployed:
     def fail_queued(self, message: str) -> None:
         reqs, _ = self.take_all()
         for r in reqs:
-            r.future.set_exception(InferError(503, message, retry_after_s=1.0))
+            _settle(r.future, exc=InferError(503, message, retry_after_s=1.0))
 
     def take_all(self) -> tuple[list[Request], int]:
         with self._lock:
@@ -381,6 +381,18 @@ class ModelHandle:
 
     def __repr__(self) -> str:
         return f"ModelHandle({self.name!r}, {self._m.state})"
+
+
+def _settle(fut: Future, value: Any = None, exc: BaseException | None = None) -> None:
+    """Answer a request, unless its caller gave up (an HTTP client that hung up or timed out
+    cancels its future): one such request must not keep the rest of its batch unanswered."""
+    try:
+        if exc is not None:
+            fut.set_exception(exc)
+        else:
+            fut.set_result(value)
+    except InvalidStateError:
+        pass
 
 
 def _pct(sorted_values: list[float], q: float) -> float | None:
