@@ -3,7 +3,8 @@ its own process sends real HTTP requests (Open Inference Protocol JSON, one row 
 measures per-model latency (from each request's *scheduled* arrival, so a server that falls
 behind pays for its queue) and throughput; the servers' RSS is read with psutil.
 
-Cases (each a fresh set of server processes):
+Each measurement follows 2 s of the same load, unmeasured (burn-in). Cases (each a fresh set of
+server processes):
   a  one model alone in its own `xshare serve`
   b  N models in one `xshare serve`
   c  the N models plus 2 training jobs (`xshare submit`) in that one service
@@ -31,6 +32,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "xshare.models.inference:make_model"
+WARMUP_S = 2.0  # seconds of unmeasured load before each measurement
 TRAIN = ["xshare.models.mlp:make_job", "--set", "steps=10000000", "--set", "width=64"]
 
 
@@ -262,6 +264,8 @@ def rss_bytes(pids: list[int]) -> int:
 
 def measure(case: str, servers: Any, rate: float, duration: float, train: bool = False) -> dict[str, Any]:
     try:
+        if servers.targets:  # burn-in, not measured: first connections, first calls, allocator
+            run_load_in_child(servers.targets, rate, WARMUP_S)
         steps0, t0 = (servers.steps(), time.perf_counter()) if train else (None, None)
         result = (run_load_in_child(servers.targets, rate, duration) if servers.targets
                   else (time.sleep(duration) or {"wall_s": duration, "sent": 0, "latencies_s": [], "errors": []}))
@@ -308,6 +312,30 @@ def plot(cases: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
+def capacity(tmp: Path, rates: list[float], duration: float) -> tuple[float | None, list[dict[str, Any]]]:
+    """One model alone in its own service under rising open-loop rates: its capacity is the
+    highest rate whose requests were all answered with p99 under 250 ms (past it the queue, and
+    so the tail, grows for as long as the load lasts)."""
+    best, steps = None, []
+    svc = Service(tmp, 1)
+    try:
+        run_load_in_child(svc.targets, rates[0], WARMUP_S)  # burn-in, not measured
+        for rate in rates:
+            r = run_load_in_child(svc.targets, rate, duration)
+            every = r["latencies_s"][0]
+            p99 = _pct(every, 0.99)
+            ok = not sum(r["errors"]) and len(every) == r["sent"] and p99 is not None and p99 < 0.25
+            steps.append({"rate": rate, "answered_rps": len(every) / r["wall_s"], "p99_ms": None if p99 is None
+                          else 1e3 * p99, "errors": sum(r["errors"]), "ok": ok})
+            print(f"capacity: {rate:g}/s -> {steps[-1]}", file=sys.stderr, flush=True)
+            if not ok:
+                break
+            best = rate
+    finally:
+        svc.stop()
+    return best, steps
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.serving", description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", type=int, default=8)
@@ -315,6 +343,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=10.0, help="seconds of load per case")
     parser.add_argument("--smoke", action="store_true", help="2 models, 1 s of load: checks the plumbing")
     parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--capacity", action="store_true",
+                        help="first find one model's capacity (rising rates), then run every case at half "
+                             "of it per model (the issue's target: c's p99 <= 2x a's there)")
     parser.add_argument("--plain-server", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--port-file", help=argparse.SUPPRESS)
     parser.add_argument("--load", help=argparse.SUPPRESS)
@@ -331,8 +362,15 @@ def main(argv: list[str] | None = None) -> int:
     n, rate, duration = (2, 5.0, 1.0) if args.smoke else (args.models, args.rate, args.duration)
     machine = harness.machine()
     rows, data = [], []
+    cap, cap_steps = None, []
     with tempfile.TemporaryDirectory(prefix="xshare-serving-") as tmp_:
         tmp = Path(tmp_)
+        if args.capacity:
+            cap, cap_steps = capacity(tmp, [25.0, 50.0, 100.0, 200.0, 400.0, 800.0][:2 if args.smoke else 6],
+                                      min(duration, 5.0))
+            if cap is None:
+                raise SystemExit("capacity: not even the lowest rate was served within the bounds")
+            rate = cap / 2
         cases = [("a: 1 model, own service", lambda: Service(tmp, 1), False),
                  (f"b: {n} models, one service", lambda: Service(tmp, n), False),
                  (f"c: {n} models + 2 training jobs", lambda: Service(tmp, n, train=2), True),
@@ -345,17 +383,21 @@ def main(argv: list[str] | None = None) -> int:
             rows.append([name, r["models"], f"{r['throughput_rps']:.1f}", _fmt(r["p50_ms"]), _fmt(r["p99_ms"]),
                          _fmt(r["worst_model_p99_ms"]), r["errors"], _fmt(r["train_steps_per_s"], 0),
                          f"{r['rss_mib']:.0f}"])
+    result_name = "serving_capacity" if args.capacity else "serving"
     harness.write_results(
-        "serving", Path(args.out), title="Serving: models next to training vs one process per model",
+        result_name, Path(args.out), title="Serving: models next to training vs one process per model",
         columns=["case", "models", "answered/s", "p50 ms", "p99 ms", "worst model p99 ms", "errors",
                  "train steps/s", "RSS MiB"],
         rows=rows, machine_info=machine, config={"models": n, "rate_per_model": rate, "duration_s": duration},
-        data={"cases": data}, smoke=args.smoke,
-        notes=("![latency per case](serving.png)\n\n"
+        data={"cases": data, "capacity_rps": cap, "capacity_steps": cap_steps}, smoke=args.smoke,
+        notes=(f"![latency per case]({result_name}.png)\n\n"
+               + (f"One model's capacity alone: {cap:g} requests/s (steps: {cap_steps}); every case ran at "
+                  f"half of it per model.\n\n" if cap else "")
+               +
                f"Open-loop Poisson load, {rate:g} requests/s per model, one 32-float row per request (JSON), "
                f"{duration:g} s per case, from a separate process over loopback HTTP. Latency from each "
                "request's scheduled arrival. RSS: the server processes (and their children) at the end."))
-    plot(data, Path(args.out) / "serving.png")
+    plot(data, Path(args.out) / f"{result_name}.png")
     return 0
 
 
