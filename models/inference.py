@@ -152,3 +152,29 @@ def make_job(model: str = "mlp", rate: float = 200.0, batch: int = 8, steps: int
     return xshare.job(infer, name=f"infer-{model}").bind(
         params, requests, steps=steps, name=name or f"infer-{model}-s{seed}", observer=requests.observer,
         meta={"model": f"infer-{model}", "rate": rate, "batch": batch, "seed": seed})
+
+
+# ------------------------------------------------------------------------------ deployable model
+
+def make_model(model: str = "mlp", max_batch: int = 64, max_delay_ms: float = 5.0, priority: int = 10,
+               seed: int = 0, name: str | None = None) -> xshare.ModelSpec:
+    """A deployable model (``xshare serve --model xshare.models.inference:make_model``, ``xshare
+    deploy``, ``rt.deploy``): ``model`` (mlp or cnn, freshly initialised from ``seed``) answering
+    real requests over the Open Inference Protocol. Input ``x`` is one example of the matching
+    training job's data (mlp: ``float32[32]``; cnn: ``float32[32, 32, 3]``); outputs ``probs``
+    (softmax over the classes) and ``label`` (int32 argmax)."""
+    check_common("inference", seed=seed, steps=1, name=name)
+    check_positive_ints("inference", max_batch=max_batch)
+    net, inputs = _model(model, 1, seed)
+    graphdef, params = nnx.split(net, nnx.Param)
+    example = np.asarray(inputs(0))
+
+    def predict(params, batch):
+        probs = jax.nn.softmax(nnx.merge(graphdef, params)(batch["x"]), axis=-1)
+        return {"probs": probs, "label": probs.argmax(axis=-1).astype(np.int32)}
+
+    predict.__name__ = f"predict_{model}"
+    host_params = jax.tree.map(np.asarray, params)  # plain arrays: the runtime places its own copy
+    return xshare.model(predict, host_params, inputs={"x": (str(example.dtype), example.shape[1:])},
+                        name=name or f"{model}-s{seed}", max_batch=max_batch, max_delay_ms=max_delay_ms,
+                        priority=priority)

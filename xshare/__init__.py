@@ -27,6 +27,9 @@ _LAZY: dict[str, str] = {
     "run": "xshare.runtime.runtime",
     "Progress": "xshare.runtime.records", "StepRecord": "xshare.runtime.records",
     "POLICIES": "xshare.sched",
+    # serving (xshare.serving.spec is pure Python; ModelHandle's module imports jax)
+    "model": "xshare.serving.spec", "ModelSpec": "xshare.serving.spec", "InferError": "xshare.serving.spec",
+    "ModelHandle": "xshare.runtime.models",
     # memory
     "Footprint": "xshare.memory.footprint",
     # errors (pure Python)
@@ -42,6 +45,8 @@ __all__ = [
     "nnx",
     # runtime
     "Runtime", "JobHandle", "Progress", "StepRecord", "run", "POLICIES",
+    # serving
+    "model", "ModelSpec", "ModelHandle", "InferError",
     # memory
     "Footprint",
     # errors
@@ -80,4 +85,8 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; never executed
     from .runtime.runtime import JobHandle as JobHandle
     from .runtime.runtime import Runtime as Runtime
     from .runtime.runtime import run as run
+    from .runtime.models import ModelHandle as ModelHandle
+    from .serving.spec import InferError as InferError
+    from .serving.spec import ModelSpec as ModelSpec
+    from .serving.spec import model as model
     from .sched import POLICIES as POLICIES

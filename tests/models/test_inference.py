@@ -107,3 +107,19 @@ def test_make_job_rejects_unknown_models_and_bad_rates():
     spec = inference.make_job(steps=3, seed=1)
     assert spec.meta == {"model": "infer-mlp", "rate": 200.0, "batch": 8, "seed": 1}
     assert spec.observer is not None and spec.steps == 3
+
+
+@pytest.mark.parametrize("model", inference.MODELS)
+def test_make_model_deploys_and_answers_like_its_predict(model):
+    import jax
+
+    spec = inference.make_model(model=model, max_batch=4, seed=2)
+    assert spec.name == f"{model}-s2" and spec.buckets == (1, 4)
+    dtype, shape = spec.inputs["x"]
+    x = np.random.default_rng(0).normal(size=(3, *shape)).astype(dtype)
+    with xshare.Runtime(memory="256MiB") as rt:
+        got = rt.deploy(spec).infer({"x": x})
+    want = jax.jit(spec.predict)(spec.params, {"x": x})
+    np.testing.assert_array_equal(got["probs"], np.asarray(want["probs"]))
+    np.testing.assert_array_equal(got["label"], np.asarray(want["label"]))
+    assert got["label"].dtype == np.int32 and np.allclose(got["probs"].sum(axis=1), 1, atol=1e-5)

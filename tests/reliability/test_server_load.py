@@ -128,3 +128,19 @@ def test_clients_that_hang_up_make_no_noise(served, caplog):
     assert code == 200
     time.sleep(0.2)
     assert [r.getMessage() for r in caplog.records if r.name.startswith("xshare.server")] == []
+
+
+def test_a_client_that_never_finishes_its_request_head_is_disconnected(monkeypatch):
+    from xshare.runtime import server
+
+    monkeypatch.setattr(server, "HEADER_TIMEOUT_S", 0.5)
+    rt = xshare.Runtime(memory="64MiB", status_port=0)
+    try:
+        host, port = rt.status_server.address.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=30) as s:
+            s.sendall(b"GET /sta")  # half a request line, then silence
+            assert s.recv(100) == b""  # closed by the server (the 30 s socket timeout would raise)
+        code, _ = _request(rt, "GET", "/status")  # and the server serves on
+        assert code == 200
+    finally:
+        rt.close()

@@ -231,7 +231,7 @@ def test_binds_loopback_only_and_announces_itself_in_a_private_file(runtime_dir)
 
     with serving(("alpha",)) as rt:
         srv = rt.status_server
-        host, port = srv._httpd.socket.getsockname()[:2]
+        host, port = srv.socket.getsockname()[:2]
         assert host == "127.0.0.1" and srv.address == f"127.0.0.1:{port}"
         others = sorted({a.address for addrs in psutil.net_if_addrs().values() for a in addrs
                          if a.family == socket.AF_INET and not a.address.startswith("127.")})

@@ -117,6 +117,19 @@ def add_service(subparsers: argparse._SubParsersAction) -> None:
         formatter_class=fmt)
     submit.add_ctl_arguments(parser)
     parser.set_defaults(func=submit.run_ctl)
+    parser = subparsers.add_parser(
+        "deploy", help="deploy a model (module:function --set k=v) on a running xshare serve",
+        description=("Deploy a model on a running service: ENTRY is a factory returning xshare.model(...); the "
+                     "service imports and compiles it, and serves it over the Open Inference Protocol at "
+                     "/v2/models/NAME. Prints the model's name."),
+        epilog="examples:\n  xshare deploy xshare.models.inference:make_model --set model=cnn --name digits",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    submit.add_deploy_arguments(parser)
+    parser.set_defaults(func=submit.run_deploy)
+    parser = subparsers.add_parser("undeploy", help="undeploy a model of a running xshare serve",
+                                   description="Stop serving model NAME: queued requests are answered first.")
+    submit.add_undeploy_arguments(parser)
+    parser.set_defaults(func=submit.run_undeploy)
 
 
 def _not_yet(command: str) -> Callable[[argparse.Namespace], int]:

@@ -29,6 +29,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint-every", type=int, default=100, metavar="N",
                         help="checkpoint each job every N steps, at its end and on SIGTERM (default 100; 0 = only then)")
     parser.add_argument("--fuse", action="store_true", help="run jobs that share a program as fused groups")
+    parser.add_argument("--model", dest="models", action=_ModelArg, metavar="ENTRY",
+                        help="deploy a model at start (a factory module:function returning xshare.model(...), "
+                             "e.g. xshare.models.inference:make_model); repeat for more. Its --set options "
+                             "follow it; served over the Open Inference Protocol at /v2/models/{name}")
+    parser.add_argument("--set", dest="model_sets", action=_ModelArg, metavar="K=V",
+                        help="a parameter of the --model before it")
 
 
 def parse_address(text: str) -> tuple[str, int]:
@@ -60,6 +66,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.policy not in policies():
         return _usage(f"--policy {args.policy!r} is not a policy; choose one of: {', '.join(policies())}")
+    try:
+        models = _model_requests(getattr(args, "model_args", None) or [])
+    except XShareError as err:
+        return _usage(str(err))
     memory = None if args.memory in (None, "device", "none") else args.memory
     run_dir = Path(args.run_dir or f"runs/{_dt.datetime.now():%Y%m%d-%H%M%S}-serve")
     if "" not in sys.path:  # like launch: modules next to where the service runs resolve
@@ -82,12 +92,14 @@ def run(args: argparse.Namespace) -> int:
     enable_persistent_cache()
     try:
         svc = Service(run_dir=run_dir, memory=memory, policy=args.policy, host=host, port=port,
-                      resume=args.resume, checkpoint_every=args.checkpoint_every or None, fuse=args.fuse)
+                      resume=args.resume, checkpoint_every=args.checkpoint_every or None, fuse=args.fuse,
+                      models=models)
     except (ValueError, XShareError) as err:
         return _usage(f"cannot start the service: {err}")
     print(f"xshare serve: listening on http://{svc.address} (pid {__import__('os').getpid()}), "
           f"run dir {run_dir}, token in {run_dir / ANNOUNCE}"
-          + (f", resumed {len(svc.resumed)} job(s)" if args.resume else ""), flush=True)
+          + (f", resumed {len(svc.resumed)} job(s)" if args.resume else "")
+          + (f", models {', '.join(svc.deployed)} at /v2/models/NAME" if svc.deployed else ""), flush=True)
     while not stop.wait(timeout=0.5):
         pass
     print("xshare serve: stopping: finishing steps in flight and checkpointing every job ...", flush=True)
@@ -96,6 +108,26 @@ def run(args: argparse.Namespace) -> int:
         print(f"xshare serve: could not checkpoint {', '.join(missed)} in time", file=sys.stderr)
     print(f"xshare serve: stopped; continue with: xshare serve --resume --run-dir {run_dir}", flush=True)
     return EXIT_OK
+
+
+class _ModelArg(argparse.Action):
+    """``--model ENTRY``: a new (entry, sets) pair; ``--set K=V`` goes to the --model before it."""
+
+    def __call__(self, parser: Any, namespace: Any, value: Any, option: Any = None) -> None:
+        pairs = list(getattr(namespace, "model_args", None) or [])
+        if self.dest == "models":
+            pairs.append((value, []))
+        elif not pairs:
+            parser.error(f"--set {value}: name the model first: --model ENTRY --set {value}")
+        else:
+            pairs[-1] = (pairs[-1][0], [*pairs[-1][1], value])
+        namespace.model_args = pairs
+
+
+def _model_requests(pairs: list[tuple[str, list[str]]]) -> list:
+    from xshare.service.models import from_cli
+
+    return [from_cli(entry, sets) for entry, sets in pairs]
 
 
 def _usage(message: str) -> int:

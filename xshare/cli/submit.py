@@ -37,6 +37,47 @@ def add_ctl_arguments(parser: argparse.ArgumentParser) -> None:
     _client_arguments(parser)
 
 
+def add_deploy_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("entry", metavar="module:function", help="a model factory returning xshare.model(...)")
+    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="K=V",
+                        help="a factory parameter (one value each)")
+    parser.add_argument("--name", help="the model's name (default: the factory's)")
+    _client_arguments(parser)
+
+
+def add_undeploy_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", metavar="NAME", help="the deployed model's name")
+    _client_arguments(parser)
+
+
+def run_deploy(args: argparse.Namespace) -> int:
+    from xshare._errors import SpecError
+    from xshare.service import client
+    from xshare.service.models import from_cli
+
+    try:
+        request = from_cli(args.entry, args.sets, args.name)
+    except SpecError as err:
+        return _fail("deploy", str(err), EXIT_USAGE)
+    try:
+        answer = client.deploy(client.find(args.address, args.token), request)
+    except client.ClientError as err:
+        return _fail("deploy", str(err), EXIT_REFUSED if err.code is not None else EXIT_USAGE)
+    print(answer["model"])
+    return EXIT_OK
+
+
+def run_undeploy(args: argparse.Namespace) -> int:
+    from xshare.service import client
+
+    try:
+        client.undeploy(client.find(args.address, args.token), args.name)
+    except client.ClientError as err:
+        return _fail("undeploy", str(err), EXIT_REFUSED if err.code is not None else EXIT_USAGE)
+    print(f"{args.name}: undeployed")
+    return EXIT_OK
+
+
 def run_submit(args: argparse.Namespace) -> int:
     from xshare._errors import SpecError
     from xshare.service import client

@@ -117,6 +117,9 @@ class Dispatcher(Planner, Executor, Groups, Admission, Lifecycle):
         self._last_retire_ns = 0
         self._feed_above = FEED_ABOVE_S_CPU if device.platform == "cpu" else FEED_ABOVE_S
         self._rows: list = []
+        # Deployed models (runtime/models.py Hub), set by Runtime.deploy; None until a model is
+        # deployed, so a training-only runtime pays nothing for serving.
+        self.serving: Any = None
         self.thread = threading.Thread(target=self._main, name="xshare-dispatcher", daemon=True)
         self.thread.start()
 
@@ -164,6 +167,10 @@ class Dispatcher(Planner, Executor, Groups, Admission, Lifecycle):
         if self._events:
             self._apply_events()
             return
+        serving = self.serving
+        # A due model batch goes before training, at this iteration boundary (models.py).
+        if serving is not None and not self._draining and serving.serve_due():
+            return
         pick = None if self._draining else self._next()
         if pick is not None:
             self._dispatch(*pick)
@@ -181,7 +188,13 @@ class Dispatcher(Planner, Executor, Groups, Admission, Lifecycle):
         if self._events or (not self._draining and self._next() is not None):
             self._idle = False
             return
-        self._wake.wait(0.05)
+        wait = 0.05
+        if serving is not None and not self._draining:
+            wait = serving.wait_s(wait)  # sleep until the oldest waiting request falls due
+            if wait <= 0:
+                self._idle = False
+                return
+        self._wake.wait(wait)
         self._wake.clear()
         self._idle = False
 

@@ -80,6 +80,36 @@ def families(doc: Mapping[str, Any]) -> Iterator[Metric]:
                   [((ln["id"],), len(ln["jobs"])) for ln in lanes])
 
     yield from _job_families(jobs)
+    yield from _model_families(doc.get("models") or [])
+
+
+def _model_families(models: list[Mapping[str, Any]]) -> Iterator[Metric]:
+    """Deployed models (labelled ``model``): request counters, queue, batch fill, latency."""
+    by = ("model",)
+
+    def rows(field: str) -> list[tuple[tuple[Any, ...], Any]]:
+        return [((m["name"],), m[field]) for m in models]
+
+    for field, help_ in (("requests", "Requests the model answered."),
+                         ("errors", "Requests answered 500 because their batch's predict failed."),
+                         ("rejected", "Requests refused 503 because the model's queue was full."),
+                         ("batches", "Batches the model ran."),
+                         ("rows", "Rows (requests' batch entries) the model ran, padding excluded.")):
+        yield _family(f"xshare_model_{field}", help_, by, rows(f"{field}_total"), kind=CounterMetricFamily)
+    yield _family("xshare_model_queue_rows", "Rows waiting in the model's queue.", by, rows("queue_rows"))
+    yield _family("xshare_model_batch_fill_ratio", "Rows run over padded rows run, 0 to 1.", by, rows("batch_fill"))
+    yield _family("xshare_model_requests_per_second", "Requests answered per second over the last 10 s.",
+                  by, rows("requests_per_s"))
+    family = HistogramMetricFamily("xshare_model_request_seconds",
+                                   "Seconds from a request's arrival to its answer.", labels=list(by))
+    for m in models:
+        h = m["latency_histogram"]
+        cumulative, buckets = 0, []
+        for bound, count in zip(list(h["bounds_s"]) + [float("inf")], h["counts"]):
+            cumulative += count
+            buckets.append(("+Inf" if bound == float("inf") else repr(float(bound)), cumulative))
+        family.add_metric([m["name"]], buckets, float(h["sum_s"]))
+    yield family
 
 
 def _job_families(jobs: list[Mapping[str, Any]]) -> Iterator[Metric]:

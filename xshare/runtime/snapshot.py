@@ -107,7 +107,8 @@ def _document(rt: Any) -> dict[str, Any]:
         "fused_member_steps": int(rt._dispatcher.fused_member_steps),
     }
     return {"schema": SCHEMA_ID, "time_unix_s": time.time(), "runtime": runtime, "device": None,
-            "arena": arena_doc, "lanes": lanes, "jobs": jobs, "groups": groups}
+            "arena": arena_doc, "lanes": lanes, "jobs": jobs, "groups": groups,
+            "models": [m.stats() for m in list(getattr(rt._dispatcher.serving, "models", {}).values())]}
 
 
 def _job(j: Any, now: float) -> dict[str, Any]:

@@ -100,4 +100,12 @@ def control(svc: Service, name: str, action: str, priority: int | None = None) -
     return call(svc, "POST", f"/jobs/{quote(name, safe='')}/{action}", payload, timeout=30.0)
 
 
-__all__ = ["ClientError", "Service", "find", "call", "submit", "jobs", "control"]
+def deploy(svc: Service, request: Any) -> dict[str, Any]:
+    return call(svc, "POST", "/models", request.to_json())
+
+
+def undeploy(svc: Service, name: str) -> dict[str, Any]:
+    return call(svc, "DELETE", f"/models/{quote(name, safe='')}", timeout=60.0)
+
+
+__all__ = ["ClientError", "Service", "find", "call", "submit", "jobs", "control", "deploy", "undeploy"]

@@ -33,6 +33,7 @@ from .jobs import JobRequest, RequestError, loads
 log = logging.getLogger("xshare.service")
 
 JOURNAL = "service-jobs.jsonl"
+MODELS_JOURNAL = "service-models.jsonl"  # deploy/undeploy records: --resume redeploys what was deployed
 STATE = "service-state.json"
 ANNOUNCE = "service.json"
 _ADMIT_WAIT_S = 120.0  # how long POST /jobs waits for compiles before answering "compiling"
@@ -43,7 +44,7 @@ class Service:
 
     def __init__(self, *, run_dir: str | os.PathLike, memory: Any = None, policy: str = "pack",
                  host: str = "127.0.0.1", port: int = 0, resume: bool = False,
-                 checkpoint_every: int | None = 100, fuse: bool = False):
+                 checkpoint_every: int | None = 100, fuse: bool = False, models: list[Any] = ()):
         import xshare
         from xshare.runtime.server import StatusServer
 
@@ -52,7 +53,11 @@ class Service:
         if self.journal.exists() and not resume:
             raise XShareError(f"{self.run_dir} already holds a service's jobs ({JOURNAL}); pass --resume "
                               "to continue them, or give another --run-dir")
-        if resume and not self.journal.exists():
+        self.models_journal = self.run_dir / MODELS_JOURNAL
+        if self.models_journal.exists() and not resume:
+            raise XShareError(f"{self.run_dir} already holds a service's models ({MODELS_JOURNAL}); pass "
+                              "--resume to deploy them again, or give another --run-dir")
+        if resume and not self.journal.exists() and not self.models_journal.exists():
             raise XShareError(f"--resume: {self.run_dir} has no {JOURNAL}; give the --run-dir of an "
                               "earlier `xshare serve`")
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -62,8 +67,14 @@ class Service:
                                  checkpoint_dir=self.run_dir, checkpoint_every=checkpoint_every,
                                  resume=resume, fuse=fuse)
         try:
-            self.resumed = self._resume() if resume else []
+            self.resumed = self._resume() if resume and self.journal.exists() else []
+            self.deployed = self._redeploy() if resume else []
+            for req in models:  # before the address is announced
+                name = self.deploy(req, skip_deployed=resume)  # on --resume it may be back already
+                if name not in self.deployed:
+                    self.deployed.append(name)
             self.server = StatusServer(self.rt, host, port, submit=self.submit_payload,
+                                       deploy=self.deploy_payload, undeploy=self.undeploy_name,
                                        announce={"kind": "service", "run_dir": str(self.run_dir.resolve())})
             self.server.start()
             from xshare.runtime.discovery import write_private
@@ -102,6 +113,74 @@ class Service:
             raise Refused(422, f"job {refused[0].name!r} can never fit: {refused[0].exception}",
                           {"jobs": jobs})
         return {"jobs": jobs}
+
+    # ------------------------------------------------------------------ models
+    def deploy(self, request: Any, *, journal: bool = True, skip_deployed: bool = False) -> str:
+        """Build a model request (:mod:`.models`) and deploy it; its name. SpecError if the
+        entry cannot be built; AdmissionError if it does not fit now."""
+        spec = request.build()
+        with self._lock:
+            if skip_deployed and spec.name in self.rt.models:
+                return spec.name
+            self.rt.deploy(spec)
+            if journal:
+                self._journal_model({"op": "deploy", **request.to_json(), "name": spec.name})
+        log.info("service: deployed model %r", spec.name)
+        return spec.name
+
+    def _journal_model(self, record: dict[str, Any]) -> None:
+        with self.models_journal.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def _redeploy(self) -> list[str]:
+        """Deploy again every model the journal leaves deployed (its last record is a deploy)."""
+        from .models import ModelRequest
+
+        if not self.models_journal.exists():
+            return []
+        live: dict[str, dict[str, Any]] = {}
+        for line in self.models_journal.read_text().splitlines():
+            if line.strip():
+                rec = json.loads(line)
+                if rec.pop("op") == "deploy":
+                    live[rec["name"]] = rec
+                else:
+                    live.pop(rec["name"], None)
+        return [self.deploy(ModelRequest.from_json(rec), journal=False) for rec in live.values()]
+
+    def deploy_payload(self, payload: Any) -> dict[str, Any]:
+        """``POST /models``: 400 a malformed request, 422 an entry that cannot be built or a model
+        that cannot fit, 409 a name already deployed."""
+        from xshare.runtime.server import Refused
+
+        from .models import ModelRequest
+
+        try:
+            request = ModelRequest.from_json(payload)
+        except RequestError as err:
+            raise Refused(400, str(err)) from None
+        try:
+            name = self.deploy(request)
+        except (SpecError, AdmissionError) as err:
+            raise Refused(422, _one_line(err)) from None
+        except XShareError as err:  # a name already deployed, or the runtime is closing
+            raise Refused(409, _one_line(err)) from None
+        return {"model": name, "status": "ready", "metadata": self.rt.model(name).metadata()}
+
+    def undeploy_name(self, name: str) -> dict[str, Any]:
+        """``DELETE /models/{name}``: 404 if no such model is deployed."""
+        from xshare.runtime.server import Refused
+
+        try:
+            with self._lock:
+                self.rt.undeploy(name)
+                self._journal_model({"op": "undeploy", "name": name})
+        except KeyError as err:
+            raise Refused(404, str(err.args[0])) from None
+        log.info("service: undeployed model %r", name)
+        return {"model": name, "status": "gone"}
 
     def submit(self, requests: list[JobRequest], *, names: list[str] | None = None,
                journal: bool = True) -> tuple[list[str], list[Any]]:
@@ -177,4 +256,4 @@ def _one_line(err: BaseException) -> str:
     return lines[0] if lines else type(err).__name__
 
 
-__all__ = ["Service", "JOURNAL", "STATE", "ANNOUNCE"]
+__all__ = ["Service", "JOURNAL", "MODELS_JOURNAL", "STATE", "ANNOUNCE"]

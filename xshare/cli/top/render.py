@@ -34,6 +34,8 @@ def render(views: list[View], ui: UI, width: int = 160) -> Any:
         bar = _arena_bar(s, colors, max(min(width - 2, 100), 10))
         parts += [_header(v), _device_line(s), _arena_line(s), bar,
                   _lanes_table(s, width), _jobs_table(v, ui, colors, width)]
+        if s.get("models"):
+            parts.append(_models_table(s))
         parts.append(Text(""))
     if ui.live:
         keys = Text(f"q quit  ↑/↓ select  p pause/resume  s sort (by {ui.sort})", style="dim")
@@ -217,3 +219,22 @@ def _fmt_step_time(s: float) -> str:
     if s < 1:
         return f"{s * 1e3:.1f}ms"
     return f"{s:.2f}s"
+
+
+def _models_table(s: dict[str, Any]) -> Any:
+    """Deployed models: load (requests/s), queue depth, batch fill and request latency."""
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title="Models (Open Inference Protocol: /v2/models/NAME)", title_justify="left")
+    for header in ("model", "status", "lane", "prio", "req/s", "queue", "fill", "p50", "p99", "requests",
+                   "errors", "503s", "P", "E"):
+        table.add_column(header, justify="left" if header in ("model", "status") else "right", no_wrap=True)
+    for m in s["models"]:
+        table.add_row(Text(m["name"], style="bold"), m["status"], _na(m["lane"], str), str(m["priority"]),
+                      f"{m['requests_per_s']:.1f}", str(m["queue_rows"]),
+                      _na(m["batch_fill"], lambda x: f"{100 * x:.0f}%"),
+                      _na(m["latency_p50_s"], _fmt_step_time), _na(m["latency_p99_s"], _fmt_step_time),
+                      str(m["requests_total"]), str(m["errors_total"]), str(m["rejected_total"]),
+                      format_bytes(m["persistent_bytes"]), format_bytes(m["ephemeral_bytes"]))
+    return table

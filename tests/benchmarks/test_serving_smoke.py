@@ -1,0 +1,34 @@
+"""benchmarks/serving.py end to end with --smoke: every case runs (services, training jobs, plain
+servers, the load generator in its own process) and every request is answered. Numbers are not
+checked: benchmarks are not timed tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_serving_smoke_runs_every_case_and_answers_every_request(tmp_path: Path) -> None:
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.serving", "--smoke", "--out", str(tmp_path)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    doc = json.loads((tmp_path / "serving.json").read_text())
+    assert doc["benchmark"] == "serving" and doc["smoke"] is True
+    cases = {c["case"][0]: c for c in doc["data"]["cases"]}
+    assert sorted(cases) == ["a", "b", "c", "d", "t"]
+    for key in "abcd":
+        assert cases[key]["sent"] > 0 and cases[key]["errors"] == 0
+        assert cases[key]["answered"] == cases[key]["sent"]
+        assert cases[key]["rss_mib"] > 0
+    assert cases["c"]["train_steps_per_s"] > 0 and cases["t"]["train_steps_per_s"] > 0
+    assert (tmp_path / "serving.md").read_text().startswith("# Serving")

@@ -1,0 +1,420 @@
+"""Deployed models: a job whose batches are requests (``Runtime.deploy``; spec:
+:mod:`xshare.serving.spec`).
+
+A :class:`Deployed` model holds its params on the device (persistent bytes in the arena), one
+executable per padded batch size (its largest is the ephemeral reservation), and a bounded
+queue of requests that any thread may append to. The dispatcher owns execution: between two
+steps it asks :meth:`Hub.serve_due` whether a model's batch is due (``max_batch`` rows waiting,
+or the oldest waited ``max_delay_ms``) and, if so, runs the smallest bucket that holds the
+waiting rows, padded with zeros; the outputs go to one completion thread that copies them to
+the host and hands each request its own rows, so the dispatcher never waits on a transfer.
+With nothing queued a model costs one integer read per iteration and no wake-ups.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import numpy as np
+
+from .._errors import AdmissionError, XShareError
+from .._units import format_bytes
+from ..memory import Admitted
+from ..serving.spec import OIP_DATATYPES, InferError, ModelSpec
+from .causes import short_error
+
+log = logging.getLogger("xshare.serving")
+
+# Latency histogram bounds (seconds): /metrics' xshare_model_request_seconds buckets.
+LATENCY_BOUNDS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+_RECENT = 2048  # completed requests kept for p50/p99 and requests/s
+
+
+@dataclass
+class Request:
+    inputs: dict[str, np.ndarray]
+    rows: int
+    t_arrival: float
+    future: Future = field(default_factory=Future)
+
+
+class Deployed:
+    """One deployed model: its executables, resident params, queue and counters."""
+
+    def __init__(self, spec: ModelSpec, device: Any):
+        self.spec, self.name, self.device = spec, spec.name, device
+        self.arena_id = f"model:{spec.name}"
+        self.lane: int | None = None
+        self.state = "loading"       # loading -> ready -> leaving -> gone
+        self._lock = threading.Lock()  # guards the queue and its row count (held for O(1) work)
+        self.queue: deque[Request] = deque()
+        self.queued_rows = 0
+        # counters (written by the dispatcher and the completion thread, read by snapshots)
+        self.requests_total = self.errors_total = self.rejected_total = 0
+        self.batches_total = self.rows_total = self.padded_rows_total = 0
+        self.latency_counts = [0] * (len(LATENCY_BOUNDS_S) + 1)
+        self.latency_sum_s = 0.0
+        self.recent: deque[tuple[float, float]] = deque(maxlen=_RECENT)  # (t_done, latency_s)
+        self.compile_s = 0.0
+        self._compile()
+
+    # ------------------------------------------------------------------ build (caller's thread)
+    def _compile(self) -> None:
+        spec = self.spec
+        t = time.perf_counter()
+        fn = jax.jit(spec.predict)
+        params_avals = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), _dtype_of(a)), spec.params)
+        self.executables: dict[int, Any] = {}
+        for b in spec.buckets:
+            inputs = {k: jax.ShapeDtypeStruct((b, *shape), np.dtype(dtype) if dtype != "bfloat16"
+                                              else jax.numpy.bfloat16)
+                      for k, (dtype, shape) in spec.inputs.items()}
+            try:
+                self.executables[b] = fn.lower(params_avals, inputs).compile()
+            except Exception as err:
+                raise XShareError(f"model {spec.name!r}: predict does not compile for a batch of {b} "
+                                  f"({type(err).__name__}: {err})") from err
+        out = jax.eval_shape(spec.predict, params_avals, inputs)  # the largest bucket's
+        self.single_output = not isinstance(out, dict)
+        outs = {"output": out} if self.single_output else out
+        self.outputs: dict[str, tuple[str, tuple[int, ...]]] = {}
+        for k, aval in outs.items():
+            if not aval.shape or aval.shape[0] != spec.max_batch:
+                raise XShareError(f"model {spec.name!r}: output {k!r} has shape {aval.shape}; every output "
+                                  f"needs the batch as its first axis ({spec.max_batch} rows in, "
+                                  f"{spec.max_batch} rows out)")
+            self.outputs[str(k)] = (str(np.dtype(aval.dtype)), tuple(aval.shape[1:]))
+        self.compile_s = time.perf_counter() - t
+        self.persistent_bytes = int(sum(np.asarray(x).nbytes for x in jax.tree.leaves(spec.params)))
+        self.ephemeral_bytes = _ephemeral(self.executables[spec.max_batch], self.persistent_bytes, inputs, outs)
+
+    def put_params(self) -> None:
+        self.params = jax.device_put(self.spec.params, self.device)
+        jax.block_until_ready(self.params)
+
+    # ------------------------------------------------------------------ requests (any thread)
+    def check(self, inputs: Any) -> tuple[dict[str, np.ndarray], int]:
+        """The request's arrays, checked against the model's inputs; ``InferError(400)`` says why."""
+        spec = self.spec
+        if not isinstance(inputs, dict):
+            raise InferError(400, f"inputs must be a dict {{name: array}} with {sorted(spec.inputs)}")
+        missing, extra = set(spec.inputs) - set(inputs), set(inputs) - set(spec.inputs)
+        if missing or extra:
+            raise InferError(400, f"model {self.name!r} takes inputs {sorted(spec.inputs)}; "
+                                  f"got {sorted(map(str, inputs))}" + (f" (unknown: {sorted(map(str, extra))})"
+                                                                      if extra else ""))
+        arrays, rows = {}, None
+        for k, (dtype, shape) in spec.inputs.items():
+            a = np.asarray(inputs[k])
+            if str(a.dtype) != dtype:
+                raise InferError(400, f"input {k!r} is {a.dtype}; model {self.name!r} takes {dtype} "
+                                      f"({OIP_DATATYPES[dtype]})")
+            if a.ndim != len(shape) + 1 or tuple(a.shape[1:]) != shape:
+                raise InferError(400, f"input {k!r} has shape {list(a.shape)}; model {self.name!r} takes "
+                                      f"[batch, {', '.join(map(str, shape))}]")
+            n = a.shape[0]
+            if rows is not None and n != rows:
+                raise InferError(400, f"input {k!r} has {n} rows but the others have {rows}; every input "
+                                      "needs the same batch")
+            rows = n
+            arrays[k] = a
+        if not rows or rows > spec.max_batch:
+            raise InferError(400, f"a batch of {rows} rows; model {self.name!r} takes 1..{spec.max_batch} "
+                                  "per request (max_batch): split it")
+        return arrays, rows
+
+    def enqueue(self, inputs: Any) -> Future:
+        arrays, rows = self.check(inputs)
+        req = Request(arrays, rows, time.monotonic())
+        with self._lock:
+            if self.state != "ready":
+                raise InferError(503, f"model {self.name!r} is {self.state}; it takes no requests",
+                                 retry_after_s=1.0)
+            if self.queued_rows + rows > self.spec.max_queue:
+                self.rejected_total += 1
+                raise InferError(503, f"model {self.name!r} has {self.queued_rows} rows waiting (max_queue="
+                                      f"{self.spec.max_queue}); retry later", retry_after_s=1.0)
+            self.queue.append(req)
+            self.queued_rows += rows
+        return req.future
+
+    # ------------------------------------------------------------------ dispatcher thread
+    def due_at(self) -> float | None:
+        """When the waiting requests must run (monotonic seconds; now if a full batch waits)."""
+        q = self.queue
+        if not q:
+            return None
+        if self.queued_rows >= self.spec.max_batch:
+            return 0.0
+        try:
+            return q[0].t_arrival + self.spec.max_delay_ms / 1e3
+        except IndexError:  # taken in between
+            return None
+
+    def take(self) -> tuple[list[Request], int]:
+        """The oldest requests that fit in ``max_batch`` rows, and their row count."""
+        taken, rows = [], 0
+        with self._lock:
+            while self.queue and rows + self.queue[0].rows <= self.spec.max_batch:
+                req = self.queue.popleft()
+                taken.append(req)
+                rows += req.rows
+            self.queued_rows -= rows
+        return taken, rows
+
+    def launch(self, reqs: list[Request], rows: int) -> Any:
+        """Run the smallest bucket holding ``rows``: zero padding after the requests' rows."""
+        spec = self.spec
+        bucket = spec.buckets[bisect.bisect_left(spec.buckets, rows)]
+        batch = {}
+        for k, (dtype, shape) in spec.inputs.items():
+            parts = [r.inputs[k] for r in reqs]
+            if bucket > rows:
+                parts.append(np.zeros((bucket - rows, *shape), parts[0].dtype))
+            batch[k] = np.concatenate(parts) if len(parts) > 1 else parts[0]
+        self.batches_total += 1
+        self.rows_total += rows
+        self.padded_rows_total += bucket
+        return self.executables[bucket](self.params, batch)
+
+    # ------------------------------------------------------------------ completion thread
+    def finish(self, reqs: list[Request], outs: Any, error: BaseException | None) -> None:
+        if error is None:
+            try:
+                host = {k: np.asarray(v) for k, v in (({"output": outs} if self.single_output else outs)).items()}
+            except Exception as err:  # noqa: BLE001 - an error raised while it ran (a callback)
+                error = err
+        now = time.monotonic()
+        if error is not None:
+            self.errors_total += len(reqs)
+            log.warning("model %r: a batch of %d request(s) failed: %s", self.name, len(reqs), short_error(error))
+            err = InferError(500, f"model {self.name!r}: predict failed for this batch: {short_error(error)}")
+            for r in reqs:
+                _settle(r.future, exc=err)
+            return
+        start = 0
+        for r in reqs:
+            # A copy of this request's rows only: the padding and the other requests' rows stay here.
+            _settle(r.future, {k: v[start:start + r.rows].copy() for k, v in host.items()})
+            start += r.rows
+            latency = now - r.t_arrival
+            self.latency_counts[bisect.bisect_left(LATENCY_BOUNDS_S, latency)] += 1
+            self.latency_sum_s += latency
+            self.recent.append((now, latency))
+        self.requests_total += len(reqs)
+
+    def fail_queued(self, message: str) -> None:
+        reqs, _ = self.take_all()
+        for r in reqs:
+            _settle(r.future, exc=InferError(503, message, retry_after_s=1.0))
+
+    def take_all(self) -> tuple[list[Request], int]:
+        with self._lock:
+            reqs, self.queue = list(self.queue), deque()
+            rows, self.queued_rows = self.queued_rows, 0
+        return reqs, rows
+
+    # ------------------------------------------------------------------ reading
+    def metadata(self) -> dict[str, Any]:
+        """The Open Inference Protocol's model metadata (shapes with -1 for the batch)."""
+        return {"name": self.name, "versions": ["1"], "platform": "xshare-jax",
+                "inputs": [{"name": k, "datatype": OIP_DATATYPES[d], "shape": [-1, *s]}
+                           for k, (d, s) in self.spec.inputs.items()],
+                "outputs": [{"name": k, "datatype": OIP_DATATYPES.get(d, d.upper()), "shape": [-1, *s]}
+                            for k, (d, s) in self.outputs.items()]}
+
+    def stats(self, now: float | None = None) -> dict[str, Any]:
+        now = time.monotonic() if now is None else now
+        recent = list(self.recent)
+        lat = sorted(x for _, x in recent)
+        window = [t for t, _ in recent if now - t <= 10.0]
+        span = min(10.0, max(now - window[0], 1e-9)) if window else None
+        return {
+            "name": self.name, "status": self.state, "priority": self.spec.priority,
+            "max_batch": self.spec.max_batch, "max_delay_ms": self.spec.max_delay_ms,
+            "buckets": list(self.spec.buckets), "lane": self.lane,
+            "persistent_bytes": self.persistent_bytes, "ephemeral_bytes": self.ephemeral_bytes,
+            "queue_rows": self.queued_rows, "queue_requests": len(self.queue),
+            "requests_total": self.requests_total, "errors_total": self.errors_total,
+            "rejected_total": self.rejected_total, "batches_total": self.batches_total,
+            "rows_total": self.rows_total,
+            "batch_fill": self.rows_total / self.padded_rows_total if self.padded_rows_total else None,
+            "requests_per_s": len(window) / span if window and span else 0.0,
+            "latency_p50_s": _pct(lat, 0.50), "latency_p99_s": _pct(lat, 0.99),
+            "latency_histogram": {"bounds_s": list(LATENCY_BOUNDS_S), "counts": list(self.latency_counts),
+                                  "sum_s": self.latency_sum_s, "count": sum(self.latency_counts)},
+        }
+
+
+class Hub:
+    """The runtime's deployed models; the dispatcher calls :meth:`serve_due` between steps."""
+
+    def __init__(self, dispatcher: Any):
+        self.dispatcher = dispatcher
+        self.models: dict[str, Deployed] = {}       # by name; replaced whole, never mutated in place
+        self._order: tuple[Deployed, ...] = ()      # by priority, highest first
+        self._done = ThreadPoolExecutor(max_workers=1, thread_name_prefix="xshare-serve-done")
+
+    # -------------------------------------------------------------- any thread
+    def waiting(self) -> bool:
+        """Whether any request waits (one attribute read per model: the dispatcher's idle check)."""
+        return any(m.queue for m in self._order)
+
+    def wake(self) -> None:
+        self.dispatcher.poke()
+
+    # -------------------------------------------------------------- dispatcher thread
+    def serve_due(self) -> bool:
+        """Run one due batch (the highest-priority model's first); whether one ran."""
+        if not self._order:
+            return False
+        now = time.monotonic()
+        for m in self._order:
+            at = m.due_at()
+            if at is not None and at <= now:
+                self._run(m)
+                return True
+        return False
+
+    def wait_s(self, default: float) -> float:
+        """How long the idle dispatcher may sleep before a waiting batch falls due."""
+        now, wait = time.monotonic(), default
+        for m in self._order:
+            at = m.due_at()
+            if at is not None:
+                wait = min(wait, max(at - now, 0.0))
+        return wait
+
+    def _run(self, m: Deployed) -> None:
+        reqs, rows = m.take()
+        if not reqs:
+            return
+        try:
+            outs = m.launch(reqs, rows)
+        except Exception as err:  # noqa: BLE001 - this batch's requests get 500, nothing else
+            self._done.submit(m.finish, reqs, None, err)
+            return
+        self._done.submit(m.finish, reqs, outs, None)
+
+    def add(self, m: Deployed) -> None:
+        if m.name in self.models:
+            raise XShareError(f"a model named {m.name!r} is already deployed; undeploy it first or pick "
+                              "another name")
+        arena = self.dispatcher.arena
+        placed = arena.admit(m.arena_id, m.persistent_bytes, m.ephemeral_bytes, name=m.arena_id)
+        if not isinstance(placed, Admitted):
+            # A model is for now or never: waiting in the job queue would leave clients hanging.
+            arena.release(m.arena_id)
+            raise AdmissionError(f"model {m.name!r} does not fit now (P {format_bytes(m.persistent_bytes)} "
+                                 f"+ E {format_bytes(m.ephemeral_bytes)}): {placed.reason}")
+        m.lane = placed.lane_id  # stays "loading" (taking no requests) until its params are placed
+        self.models = {**self.models, m.name: m}
+        self._order = tuple(sorted(self.models.values(), key=lambda x: -x.spec.priority))
+
+    def remove(self, name: str) -> Deployed:
+        m = self.models.get(name)
+        if m is None:
+            raise KeyError(name)
+        with m._lock:
+            m.state = "leaving"  # no new requests; those already queued are answered
+        while m.queue:
+            self._run(m)
+        self.models = {k: v for k, v in self.models.items() if k != name}
+        self._order = tuple(x for x in self._order if x is not m)
+        self.dispatcher._admitted(self.dispatcher.arena.release(m.arena_id))
+        m.state = "gone"
+        return m
+
+    def drain(self) -> None:
+        """Answer every queued request (a graceful stop)."""
+        for m in self._order:
+            with m._lock:
+                m.state = "leaving"
+            while m.queue:
+                self._run(m)
+
+    def close(self) -> None:
+        for m in self._order:
+            with m._lock:
+                m.state = "gone"
+            m.fail_queued(f"model {m.name!r}: the runtime is closing")
+        self._done.shutdown(wait=True)
+
+
+class ModelHandle:
+    """A deployed model, for in-process callers (``rt.deploy(spec)``)."""
+
+    def __init__(self, rt: Any, deployed: Deployed):
+        self._rt, self._m = rt, deployed
+
+    @property
+    def name(self) -> str:
+        return self._m.name
+
+    def submit(self, inputs: dict[str, Any]) -> Future:
+        """Queue one request; its future holds ``{output: rows}`` (or ``InferError``)."""
+        fut = self._m.enqueue(inputs)
+        self._rt._dispatcher.poke()
+        return fut
+
+    def infer(self, inputs: dict[str, Any], timeout: float | None = 60.0) -> dict[str, np.ndarray]:
+        """Run ``predict`` on these rows in a batch with whatever else waits; returns only their outputs.
+        Raises ``InferError`` (its ``code``: 400 bad input, 503 queue full, 500 predict failed)."""
+        return self.submit(inputs).result(timeout)
+
+    def ready(self) -> bool:
+        return self._m.state == "ready"
+
+    def metadata(self) -> dict[str, Any]:
+        return self._m.metadata()
+
+    def stats(self) -> dict[str, Any]:
+        return self._m.stats()
+
+    def __repr__(self) -> str:
+        return f"ModelHandle({self.name!r}, {self._m.state})"
+
+
+def _settle(fut: Future, value: Any = None, exc: BaseException | None = None) -> None:
+    """Answer a request, unless its caller gave up (an HTTP client that hung up or timed out
+    cancels its future): one such request must not keep the rest of its batch unanswered."""
+    try:
+        if exc is not None:
+            fut.set_exception(exc)
+        else:
+            fut.set_result(value)
+    except InvalidStateError:
+        pass
+
+
+def _pct(sorted_values: list[float], q: float) -> float | None:
+    if not sorted_values:
+        return None
+    return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
+
+
+def _dtype_of(a: Any) -> Any:
+    return getattr(a, "dtype", None) or np.asarray(a).dtype
+
+
+def _ephemeral(compiled: Any, persistent: int, inputs: dict, outs: dict) -> int:
+    """``E`` of the largest bucket: XLA's temp + the batch + the outputs (from memory_analysis);
+    where the backend reports nothing (jax #18954), the batch and outputs' own bytes."""
+    io = sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize for a in (*inputs.values(), *outs.values()))
+    try:
+        ma = compiled.memory_analysis()
+        temp = int(getattr(ma, "temp_size_in_bytes", 0) or 0)
+        args = int(getattr(ma, "argument_size_in_bytes", 0) or 0)
+        out = int(getattr(ma, "output_size_in_bytes", 0) or 0)
+    except Exception:  # noqa: BLE001
+        return max(io, 1)
+    measured = temp + max(args - persistent, 0) + out
+    return max(measured, io, 1)
