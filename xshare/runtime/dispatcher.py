@@ -29,7 +29,7 @@ from .. import ffi, sched
 from .._errors import AdmissionError
 from .._units import format_bytes
 from ..memory import Admitted
-from . import fusion
+from . import evaluation, fusion
 from .causes import dispatch_error, short_error
 from .fusion import GROUP_IDS, GROUP_INFLIGHT_BYTES, Group
 from .plan import Plan
@@ -77,6 +77,7 @@ class Dispatcher:
         self._last_retire_ns = 0
         self._feed_above = FEED_ABOVE_S_CPU if device.platform == "cpu" else FEED_ABOVE_S
         self._rows: list = []
+        self.evaluating: dict[int, JobRecord] = {}    # jobs owing an evaluation (evaluation.py)
         self.thread = threading.Thread(target=self._main, name="xshare-dispatcher", daemon=True)
         self.thread.start()
 
@@ -156,6 +157,8 @@ class Dispatcher:
             return None
         li, pos = plan.lane, plan.idx[plan.lane]
         job = plan.job_at(li, pos)
+        if self.evaluating and evaluation.owes(self, job) is not None:
+            return job, li, pos  # its turn runs an eval batch: no train batch needed
         if isinstance(job, Group):
             if self._group_ready(job, make=True):
                 return job, li, pos
@@ -173,6 +176,8 @@ class Dispatcher:
             return None
         for li, pos in plan.candidates():
             job = plan.job_at(li, pos)
+            if self.evaluating and evaluation.owes(self, job) is not None:
+                return job, li, pos
             if self._group_ready(job, make=False) if isinstance(job, Group) else job.batches:
                 return job, li, pos
         return None
@@ -200,7 +205,7 @@ class Dispatcher:
         flops = self.timeline.flops_per_s
         views = []
         for job in self._running.values():
-            if job.steps_left == 0 or job.error is not None:
+            if job.error is not None or (job.steps_left == 0 and evaluation.owes(self, job) is None):
                 continue
             current = self._lane_current.get(job.lane)
             views.append(sched.JobView(
@@ -225,6 +230,14 @@ class Dispatcher:
 
     # ------------------------------------------------------------------ stepping
     def _dispatch(self, job: JobRecord, li: int, pos: int) -> None:
+        if self.evaluating:
+            owing = evaluation.owes(self, job)
+            if owing is not None:  # an eval batch takes this turn (evaluation.py: scheduling)
+                if isinstance(job, Group):
+                    job.now = None
+                evaluation.run_batch(self, owing)
+                self._took_turn(job, li, pos)
+                return
         if isinstance(job, Group):
             self._dispatch_group(job, li, pos)
             return
@@ -251,6 +264,8 @@ class Dispatcher:
         job.in_flight += 1
         self._took_turn(job, li, pos)
         self._inflight.append((job, step, outs[1], t))
+        if job.eval is not None:
+            evaluation.due(self, job, step)
         left = job.steps_left
         if left == 0:
             self._dirty = True  # it leaves the rotation; it finishes when its steps retire
@@ -322,6 +337,8 @@ class Dispatcher:
         for slot, (job, step, _) in taken.items():
             job.dispatched += 1
             job.in_flight += 1
+            if job.eval is not None:
+                evaluation.due(self, job, step)
             # (A member whose last step this is stays masked in later group steps, so its
             # final state can be read from its slot whenever it is retired: see _state_of.)
             steps[slot] = (job, step)
@@ -338,6 +355,8 @@ class Dispatcher:
     def _dispatch_marker(self, job: JobRecord, batch: Any) -> None:
         if batch is END:
             job.data_done = True
+            if job.eval is not None:
+                evaluation.data_ended(self, job)
         elif isinstance(batch.error, BatchMismatch):
             self._fail(job, str(batch.error))
         else:
@@ -421,6 +440,9 @@ class Dispatcher:
         job.last_values = values
         if job.spec.observer is not None:
             self._observe(job, step, values, t_end)
+        if job.spec.on_metrics is not None:  # this step's own metrics (evaluations notify apart)
+            evaluation.notify(self, job, step + 1, {**dict(zip(job.program.metric_names, values.tolist())),
+                                                    **(job.extra_metrics or {})})
         if self._log:
             # Handed to the recorder in batches: a queue put per step would wake its thread
             # per step, and the two threads would take turns at the GIL.
@@ -463,7 +485,7 @@ class Dispatcher:
             return
         if job.error is not None:
             self._finalize(job, Event.FAIL)
-        elif job.steps_left == 0 and job.state in (S.RUNNING, S.PAUSED):
+        elif job.steps_left == 0 and job.state in (S.RUNNING, S.PAUSED) and job.id not in self.evaluating:
             self._finish(job)
 
     # ------------------------------------------------------------------ lifecycle
@@ -740,13 +762,16 @@ class Dispatcher:
             del self._lane_current[job.lane]
         if job in self._swap_waiting:
             self._swap_waiting.remove(job)
+        if job.eval is not None or job.id in self.evaluating:
+            evaluation.release(self, job)
         if job.group is not None:
             self._leave_group(job)
         job.arrays = job.host_arrays = job.ident = None  # drop the device buffers
         # ... and the spec's step, initial state and data (its result is host_state): a runtime
         # that has run thousands of jobs must not keep every one's initial arrays and step
         # closure (a model's graph) alive; the program cache's memo is weak on the step.
-        job.spec = job.spec.replace(job=None, state=None, data=None, observer=None)
+        job.spec = job.spec.replace(job=None, state=None, data=None, observer=None, eval_step=None,
+                                    eval_data=None, on_metrics=None)
         job.source = None
         job.batches.clear()
         self._dirty = True

@@ -36,7 +36,7 @@ from ..memory.device import arena_capacity, configure_preallocation
 from . import checkpoint
 from .causes import short_error
 from .compiler import PROGRAMS
-from . import fusion
+from . import evaluation, fusion
 from .dispatcher import Dispatcher, _pow2
 from .handle import JobHandle
 from .recorder import Recorder, check_name, job_dir
@@ -387,6 +387,11 @@ class Runtime:
                                      fenced=fenced, prefetch=self.prefetch)
         except Exception as err:  # noqa: BLE001
             post(self._dispatcher.fail_now, job, f"could not compile its step: {short_error(err)}", err)
+            return
+        try:
+            job.eval = evaluation.prepare(spec, self.device)  # compiled beside the step
+        except Exception as err:  # noqa: BLE001
+            post(self._dispatcher.fail_now, job, f"could not compile its eval_step: {short_error(err)}", err)
             return
         job.source = source
         post(self._dispatcher.compiled, job, program)

@@ -1,0 +1,329 @@
+"""Evaluation during training: ``bind(..., eval_step=fn, eval_data=..., eval_every=K)``.
+
+``eval_step(state, batch) -> metrics`` (scalars) is compiled once per program through the
+process-wide program cache (``compiler.PROGRAMS.shared``), so the N jobs of a sweep share one
+eval executable. It does not donate its inputs: the state is read, never changed, and the next
+train step consumes exactly the arrays it would have consumed without evaluation (a job's final
+state is bit-identical with and without ``eval_step``).
+
+Scheduling: after the step that completes a multiple of K steps, and after the last step, the
+job *owes* an evaluation. While it does, each turn the policy gives the job (or its fusion
+group) runs one eval batch instead of a train step, so other jobs interleave between eval
+batches exactly as between steps, and the batches are counted in the job's device time. When
+the last eval batch has run, its metrics are read (one host sync per evaluation, not per batch)
+and their mean over the batches (unweighted) is recorded as ``eval/<name>``: in the job's
+``progress().metrics`` and the status document (so ``xshare top`` and ``/metrics``), as its own
+row in ``metrics.jsonl`` (``step`` = the train step it follows), and through ``on_metrics``.
+
+Fused members: the member's state is taken out of its group's stack (one slot copy per
+evaluation) and the *solo* eval executable runs on it. Its group does not step meanwhile: its
+turns run the member's eval batches (members of a lockstep sweep owe their evaluations at the
+same step, so they evaluate one after another). A vmapped eval would cost one pass instead of
+one per member; the solo one keeps eval metrics independent of the group's capacity and needs
+no extra compile per capacity.
+
+The dispatcher calls in at five places (``due``, ``owes``, ``run_batch``, ``data_ended``,
+``release``) and keeps ``dispatcher.evaluating`` (job id -> job owing an evaluation), so a
+runtime without evaluations pays one empty-dict test per step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+import weakref
+from typing import Any, Callable, Iterable
+
+import jax
+import numpy as np
+
+from .causes import short_error
+from .compiler import PROGRAMS, _avals, _key, abstract
+from .source import END
+
+_NO_VALUES = np.zeros((0,), np.float32)  # a metrics row with eval metrics only
+
+
+class EvalError(ValueError):
+    """An ``eval_step``/``eval_data``/``eval_every`` the runtime cannot use (raised at bind)."""
+
+
+# ----------------------------------------------------------------------------- at bind
+_SHAPES: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+_SHAPES_LOCK = threading.Lock()
+
+
+def check_eval(state: Any, eval_step: Any, eval_data: Any, eval_every: Any) -> None:
+    """Refuse at bind what would fail later: the three arguments' types and values, and an
+    ``eval_step`` whose metrics are not scalars (traced once per function and shapes)."""
+    if eval_step is None:
+        given = "eval_data" if eval_data is not None else "eval_every"
+        raise EvalError(f"{given} was given without eval_step; pass eval_step=fn(state, batch) -> "
+                        "{name: scalar} to evaluate during training")
+    if not callable(eval_step):
+        raise EvalError(f"eval_step={eval_step!r} must be a function (state, batch) -> {{name: scalar}}")
+    if eval_data is None:
+        raise EvalError("eval_step was given without eval_data; pass eval_data=[batch, ...] "
+                        "(the held-out batches, iterated again at every evaluation)")
+    if eval_every is not None and (not isinstance(eval_every, int) or isinstance(eval_every, bool)
+                                   or eval_every < 1):
+        raise EvalError(f"eval_every={eval_every!r} must be a positive int (evaluate every that "
+                        "many steps), or None to evaluate only after the last step")
+    try:
+        it = iter(eval_data)
+    except TypeError:
+        raise EvalError(f"eval_data must be a sequence or re-iterable of batches; got "
+                        f"{type(eval_data).__name__}") from None
+    if it is eval_data:
+        raise EvalError(f"eval_data is a one-shot iterator ({type(eval_data).__name__}): the first "
+                        "evaluation would use it up; pass a list of batches (or an object whose "
+                        "__iter__ starts over)")
+    first = next(it, END)
+    if first is END:
+        raise EvalError("eval_data has no batches; pass at least one held-out batch")
+    eval_names(eval_step, state, first)
+
+
+def eval_names(fn: Callable, state: Any, batch: Any) -> tuple[str, ...]:
+    """The metric names of ``fn(state, batch)``, checking that each is a scalar (memoized on
+    the function and the shapes, like a jit trace, so a sweep's binds trace it once)."""
+    shapes = (_avals(abstract_host(state)), _avals(abstract_host(batch)))
+    try:
+        with _SHAPES_LOCK:
+            memo = _SHAPES.setdefault(fn, {})
+            hit = memo.get(shapes)
+    except TypeError:  # not weak-referenceable: no memo
+        memo, hit = {}, None
+    if hit is not None:
+        return hit
+    out = jax.eval_shape(fn, state, batch)
+    names = _scalar_names(out)
+    with _SHAPES_LOCK:
+        memo[shapes] = names
+    return names
+
+
+def abstract_host(tree: Any) -> Any:
+    def one(x: Any) -> Any:
+        x = x if hasattr(x, "shape") and hasattr(x, "dtype") else np.asarray(x)
+        return jax.ShapeDtypeStruct(np.shape(x), x.dtype)
+    return jax.tree.map(one, tree)
+
+
+def _scalar_names(metrics: Any) -> tuple[str, ...]:
+    flat, _ = jax.tree_util.tree_flatten_with_path(metrics)
+    if not flat:
+        raise EvalError(f"eval_step returned no metrics ({metrics!r}); return a dict of scalars, "
+                        "e.g. {'accuracy': acc, 'loss': loss}")
+    names = []
+    for path, value in flat:
+        name = _key(path) or "value"
+        if tuple(np.shape(value)) != ():
+            raise EvalError(f"eval_step's metric {name!r} has shape {tuple(np.shape(value))}; each "
+                            "metric must be a scalar (e.g. jnp.mean(...) over the batch)")
+        names.append(name)
+    return tuple(names)
+
+
+# ----------------------------------------------------------------------------- programs
+class EvalProgram:
+    """``(state leaves, batch leaves) -> float32[M]`` metrics, shared by every job whose
+    evaluation lowers to the same program."""
+
+    def __init__(self, executable: Any, names: tuple[str, ...]):
+        self.executable, self.names = executable, names
+
+
+# (eval fn) -> {(state avals, batch avals, device): EvalProgram}: the trace memo, weak on the
+# function (jax.jit's rule: a function and avals determine its trace).
+_MEMO: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+_MEMO_LOCK = threading.Lock()
+
+
+def eval_program(fn: Callable, state_leaves_struct: list, state_def: Any, batch: Any,
+                 device: Any) -> EvalProgram:
+    batch_struct = abstract(batch, device)
+    batch_leaves, batch_def = jax.tree.flatten(batch_struct)
+    memo_key = (state_def, tuple((tuple(s.shape), str(s.dtype)) for s in state_leaves_struct),
+                _avals(batch_struct), device)
+    with _MEMO_LOCK:
+        table = _MEMO.setdefault(fn, {})
+        hit = table.get(memo_key)
+    if hit is not None:
+        return hit
+    names: list[tuple[str, ...]] = []
+
+    def flat(state_leaves, batch_leaves):
+        import jax.numpy as jnp
+        metrics = fn(jax.tree.unflatten(state_def, state_leaves), jax.tree.unflatten(batch_def, batch_leaves))
+        names.append(_scalar_names(metrics))
+        leaves = jax.tree.leaves(metrics)
+        return jnp.stack([jnp.asarray(v).astype(jnp.float32) for v in leaves])
+
+    lowered = jax.jit(flat).lower(state_leaves_struct, batch_leaves)  # nothing donated
+    text = lowered.as_text()
+    key = hashlib.sha256(text.encode())
+    key.update(repr(("eval", memo_key[1], memo_key[2], str(device))).encode())
+    program = PROGRAMS.shared(key.hexdigest(), lambda: EvalProgram(lowered.compile(), names[0]))
+    with _MEMO_LOCK:
+        table[memo_key] = program
+    return program
+
+
+# ----------------------------------------------------------------------------- per job
+class Evaluation:
+    """One job's evaluation: its programs, the pass in progress, and the newest result."""
+
+    def __init__(self, fn: Callable, data: Iterable[Any], every: int | None, state: Any, device: Any):
+        self.fn, self.data, self.every, self.device = fn, data, every, device
+        struct = abstract(state, device)
+        self.state_leaves, self.state_def = jax.tree.flatten(struct)
+        self.owed_at: int | None = None   # the train step (index) whose state is evaluated
+        self.state: Any = None            # the leaves the pass reads (a member's slot copy)
+        self.it: Any = None
+        self.next: Any = END
+        self.acc: list = []
+        self.n = 0                        # eval batches run in this pass
+        self.t0 = 0
+        self.last: dict[str, float] | None = None   # eval/<name> -> value, the newest evaluation
+        self.last_step: int | None = None
+        self.first = self.program(next(iter(data)))  # compiled beside the train step
+
+    def program(self, batch: Any) -> EvalProgram:
+        return eval_program(self.fn, self.state_leaves, self.state_def, batch, self.device)
+
+
+def prepare(spec: Any, device: Any) -> Evaluation | None:
+    """On the compile pool: the job's evaluation, its first program compiled (None: none)."""
+    if spec.eval_step is None:
+        return None
+    return Evaluation(spec.eval_step, spec.eval_data, spec.eval_every, spec.state, device)
+
+
+def due(d: Any, job: Any, step: int) -> None:
+    """After train step ``step`` (index) of ``job`` was dispatched: does it owe an evaluation?"""
+    ev = job.eval
+    if (ev.every and (step + 1) % ev.every == 0) or job.steps_left == 0:
+        _owe(d, job, step)
+
+
+def data_ended(d: Any, job: Any) -> None:
+    """Its data ran out: the end's evaluation, unless the last step's was already owed."""
+    ev = job.eval
+    last = job.spec.start_step + job.dispatched - 1
+    if ev is not None and job.dispatched and ev.last_step != last and ev.owed_at != last:
+        _owe(d, job, last)
+
+
+def _owe(d: Any, job: Any, step: int) -> None:
+    job.eval.owed_at = step
+    d.evaluating[job.id] = job
+    d._dirty = True
+
+
+def owes(d: Any, unit: Any) -> Any:
+    """The job whose eval batch ``unit`` (a job or a fusion group) runs on its next turn."""
+    if not d.evaluating:
+        return None
+    members = getattr(unit, "members", None)
+    if members is None:
+        return unit if unit.id in d.evaluating and unit.error is None else None
+    running = d.jobs.get
+    for job in members:
+        if job.id in d.evaluating and job.error is None and running(job.id) is job \
+                and job.status == "running":
+            return job
+    return None
+
+
+def run_batch(d: Any, job: Any) -> None:
+    """One eval batch of ``job``'s owed evaluation (starting the pass if it has not started);
+    after the last batch, read the results and record them."""
+    ev = job.eval
+    step = ev.owed_at
+    if ev.state is None:
+        try:
+            ev.state = d._state_of(job)
+            ev.it = iter(ev.data)
+            ev.next = next(ev.it, END)
+        except Exception as err:  # noqa: BLE001 - its eval data fails its job
+            _failed(d, job, f"its eval_data raised at the evaluation after step {step}: "
+                            f"{short_error(err)}", err)
+            return
+        ev.acc, ev.n, ev.t0 = [], 0, time.monotonic_ns()
+    batch = ev.next
+    try:
+        program = ev.program(batch)  # (the memo: batches of the first's shapes hit ev.first)
+        leaves = jax.device_put(jax.tree.leaves(batch), d.device)
+        ev.acc.append(program.executable(ev.state, leaves))
+    except Exception as err:  # noqa: BLE001 - a batch that does not fit, an error in eval_step
+        _failed(d, job, f"its eval_step failed on eval batch {ev.n} after step {step}: "
+                        f"{short_error(err)}", err)
+        return
+    ev.n += 1
+    try:
+        ev.next = next(ev.it, END)
+    except Exception as err:  # noqa: BLE001
+        _failed(d, job, f"its eval_data raised while producing eval batch {ev.n} after step "
+                        f"{step}: {short_error(err)}", err)
+        return
+    if ev.next is END:
+        _complete(d, job)
+
+
+def _complete(d: Any, job: Any) -> None:
+    ev, step = job.eval, job.eval.owed_at
+    names = ev.first.names
+    try:
+        # The one host sync of an evaluation: every eval batch has run when its results are read.
+        values = np.mean(np.stack([np.asarray(v) for v in ev.acc]), axis=0)
+    except Exception as err:  # noqa: BLE001
+        _failed(d, job, f"its eval_step failed after step {step}: {short_error(err)}", err)
+        return
+    t_end = time.monotonic_ns()
+    job.device_time_s += (t_end - ev.t0) / 1e9
+    ev.last = {f"eval/{n}": float(v) for n, v in zip(names, values.tolist())}
+    ev.last_step = step
+    _end_pass(d, job)
+    if d._log:
+        d._rows.append((job, step, t_end / 1e9, _NO_VALUES, ev.last))
+    notify(d, job, step + 1, ev.last)
+    d._settle(job)
+
+
+def _end_pass(d: Any, job: Any) -> None:
+    ev = job.eval
+    ev.owed_at, ev.state, ev.it, ev.next, ev.acc = None, None, None, END, []
+    d.evaluating.pop(job.id, None)
+    d._dirty = True
+
+
+def _failed(d: Any, job: Any, cause: str, err: BaseException) -> None:
+    _end_pass(d, job)
+    d._fail(job, cause, err)
+    d._settle(job)
+
+
+def release(d: Any, job: Any) -> None:
+    """A job ended: drop what its evaluation holds (its last result stays for progress)."""
+    ev = job.eval
+    d.evaluating.pop(job.id, None)
+    if ev is not None:
+        ev.state = ev.it = ev.data = ev.fn = None
+        ev.acc = []
+
+
+def notify(d: Any, job: Any, steps_done: int, metrics: dict) -> None:
+    """Hand ``metrics`` to the job's ``on_metrics`` hook; True from it cancels the job at this
+    step boundary (an event, applied before the dispatcher dispatches anything else)."""
+    fn = job.spec.on_metrics
+    if fn is None or job.terminal:
+        return
+    try:
+        stop = fn(steps_done, metrics)
+    except Exception as err:  # noqa: BLE001 - its failure fails the job
+        d._fail(job, f"its on_metrics hook raised after step {steps_done}: {short_error(err)}", err)
+        return
+    if stop:
+        d.post(d.cancel, job)
