@@ -58,6 +58,7 @@ class _Running:
     trial: optuna.Trial
     metric: str
     every: int | None                    # report when step % every == 0 (None: every value)
+    budget: int | None = None            # the job's steps (its last report is not judged)
     handle: Any = None
     last: tuple[int, float] | None = None   # the newest value of the metric: (steps, value)
     stop: bool = False                   # the hook's answer: cancel at the next step boundary
@@ -146,6 +147,11 @@ class _Driver:
         except optuna.TrialPruned:
             self.tell(trial, TrialState.PRUNED)
             return
+        except KeyboardInterrupt:  # Ctrl-C inside the objective: this trial too is interrupted
+            trial.set_user_attr(ATTR_ERROR, "interrupted in its objective; its parameters were enqueued again")
+            self.study.tell(trial, state=TrialState.FAIL)
+            self.study.enqueue_trial(trial.params, skip_if_exists=False)
+            raise
         except Exception as err:
             trial.set_user_attr(ATTR_ERROR, f"objective raised: {type(err).__name__}: {err}")
             self.tell(trial, TrialState.FAIL)
@@ -156,7 +162,7 @@ class _Driver:
         every = self.report_every
         if every is None and not self.metric.startswith("eval/"):
             every = max(1, (spec.steps or 200) // 20)  # a train metric: 20 reports a trial
-        r = _Running(trial, self.metric, every)
+        r = _Running(trial, self.metric, every, budget=spec.steps)
         r.decided.set()
         name = f"trial-{trial.number}"
         spec = spec.replace(name=name, on_metrics=self.hook(r))
@@ -180,7 +186,8 @@ class _Driver:
             r, step, value = item
             if not r.stop:
                 r.trial.report(value, step)
-                if r.trial.should_prune():
+                # The report after the last step is not judged: stopping then saves nothing.
+                if (r.budget is None or step < r.budget) and r.trial.should_prune():
                     r.pruned_at, r.stop = step, True
             with r.lock:
                 r.undecided -= 1
@@ -203,7 +210,8 @@ class _Driver:
             raise ValueError(f"metric={self.metric!r} is not a metric trial {trial.number}'s job "
                              f"reports; it reports: {', '.join(seen) or '(nothing)'}. Name one of those "
                              "(evaluation metrics are eval/<name>, from bind(..., eval_step=...))")
-        if r.pruned_at is not None:
+        if r.pruned_at is not None and status != "failed":
+            # (Also when the job reached its end before the cancel landed: the decision stands.)
             trial.set_user_attr(ATTR_PRUNED_AT, r.pruned_at)
             self.tell(trial, TrialState.PRUNED)
         elif status == "done":
