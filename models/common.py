@@ -59,6 +59,36 @@ def train_job(model: nnx.Module, tx: optax.GradientTransformation,
     return job, state
 
 
+# Held-out batches: a factory's data is a function of (seed, step), and no job trains this far.
+HELD_OUT_STEP = 1 << 40
+_SHARED_EVALS: OrderedDict[tuple, Callable] = OrderedDict()
+
+
+def eval_kwargs(model: nnx.Module, loss_fn: Callable, data: Callable[[int], Any], eval_every: Any, *,
+                name: str, batches: int = 4) -> dict[str, Any]:
+    """``bind`` arguments that evaluate ``loss_fn`` (its loss and extras, as ``eval/<name>``) on
+    ``batches`` held-out batches of the job's own ``data`` every ``eval_every`` steps and at the
+    end; ``{}`` when ``eval_every`` is None. One eval function per (model structure, loss, name),
+    shared by a sweep's jobs like their step."""
+    if eval_every is None:
+        return {}
+    if not isinstance(eval_every, int) or isinstance(eval_every, bool) or eval_every < 1:
+        raise HyperparameterError(f"{name}: eval_every={eval_every!r} must be a positive int (or None: no evaluation)")
+    graphdef = nnx.split(model, nnx.Param)[0]
+    key = (graphdef, loss_fn, name)
+    fn = _SHARED_EVALS.get(key)
+    if fn is None:
+        def eval_step(state, batch):
+            loss, extra = loss_fn(nnx.merge(graphdef, state["params"]), batch)
+            return {"loss": loss, **extra}
+
+        fn = _SHARED_EVALS[key] = eval_step
+        while len(_SHARED_EVALS) > _SHARED_STEPS_MAX:
+            _SHARED_EVALS.popitem(last=False)
+    return {"eval_step": fn, "eval_data": [data(HELD_OUT_STEP + k) for k in range(batches)],
+            "eval_every": eval_every}
+
+
 def _step_job(graphdef: Any, tx: optax.GradientTransformation, loss_fn: Callable, name: str) -> xshare.Job:
     def step(state, batch):
         def objective(p):

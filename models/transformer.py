@@ -26,7 +26,8 @@ from flax import nnx
 
 import xshare
 
-from .common import ADAM, HyperparameterError, adam, check_common, check_positive_ints, train_job
+from .common import (ADAM, adam, check_common, check_positive_ints,
+                     eval_kwargs, HyperparameterError, train_job)
 
 CORPUS = "corpus.txt"
 
@@ -113,7 +114,8 @@ def _lm_loss(model: nnx.Module, batch: dict) -> tuple:
 
 
 def make_job(lr: float = 3e-3, d_model: int = 64, layers: int = 2, heads: int = 4, seq: int = 64,
-             batch: int = 16, steps: int = 100, seed: int = 0, name: str | None = None) -> xshare.JobSpec:
+             batch: int = 16, steps: int = 100, seed: int = 0, name: str | None = None,
+             eval_every: int | None = None) -> xshare.JobSpec:
     """A bound char-LM training job: Adam(lr) on a ``layers``-block, ``d_model``-wide Transformer."""
     check_common("transformer", lr=lr, seed=seed, steps=steps, name=name)
     check_positive_ints("transformer", d_model=d_model, layers=layers, heads=heads, seq=seq, batch=batch)
@@ -124,7 +126,9 @@ def make_job(lr: float = 3e-3, d_model: int = 64, layers: int = 2, heads: int = 
     model = CharTransformer(len(vocab), d_model, layers, heads, seq, rngs=nnx.Rngs(seed))
 
     step, state = train_job(model, adam(lr), _lm_loss, name="transformer", tx_key=ADAM)
-    return step.bind(state, data, steps=steps, name=name or f"transformer-d{d_model}-s{seed}",
+    return step.bind(state, data, steps=steps,
+                     **eval_kwargs(model, _lm_loss, data, eval_every, name="transformer"),
+                     name=name or f"transformer-d{d_model}-s{seed}",
                      meta={"model": "transformer", "lr": lr, "d_model": d_model, "layers": layers,
                            "heads": heads, "seq": seq, "batch": batch, "seed": seed,
                            "vocab": len(vocab)})
