@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 import xshare
+from xshare.cli.main import main
 from tests.runtime.test_fusion import vmapped_loop
 from tests.helpers import assert_trees_equal, linreg_data, linreg_state, linreg_step, plain_loop
 from tests.status import request, runtime_dir  # noqa: F401
@@ -78,12 +79,15 @@ def test_eval_every_k_steps_and_at_the_end_without_changing_the_state(tmp_path, 
             assert_trees_equal(h.result()[0], plain_loop(spec(f"r{i}", seed=i))[0])
 
 
-def test_eval_metrics_reach_status_and_prometheus(runtime_dir):  # noqa: F811
+def test_eval_metrics_reach_status_prometheus_and_top(runtime_dir, capsys, monkeypatch):  # noqa: F811
     with xshare.Runtime(policy="pack", memory="64MiB", status_port=0) as rt:
         h = rt.submit(spec("served"))
         rt.wait()
         code, _, body = request(rt.status_server.address, "GET", "/metrics")
         doc = rt.snapshot()
+        monkeypatch.setenv("COLUMNS", "200")
+        assert main(["top", "--once"]) == 0
+    assert re.search(r"served .* eval/mse \d", capsys.readouterr().out)
     assert h.status() == "done", h.error
     assert code == 200
     job = next(j for j in doc["jobs"] if j["name"] == "served")
