@@ -123,6 +123,7 @@ class _Driver:
                    and (deadline is None or time.monotonic() < deadline)):
                 self.to_start -= 1
                 self.start_one()
+                self.decide(block=False)  # (an objective can take a while: keep reports flowing)
             if not self.running:
                 return
             self.decide(block=True)
