@@ -158,3 +158,31 @@ def test_a_failing_eval_fails_its_job_alone():
 def test_bind_refuses_bad_eval_arguments(kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         spec("x", **kwargs)
+
+
+def test_fused_members_share_one_vmapped_evaluation(tmp_path):
+    from xshare.runtime import evaluation
+
+    def run(log):
+        with xshare.Runtime(policy="pack", memory="256MiB", log_dir=log, fuse=True) as rt:
+            handles = rt.submit_many([spec(f"v{i}", seed=i) for i in range(3)])
+            rt.wait()
+        return handles
+
+    first = run(tmp_path / "a")  # (its vmapped eval compiles in the background meanwhile)
+    import time
+    futures = [f for p in evaluation._MEMO[linreg_eval].values() for f in p._stacked.values()]
+    deadline = time.monotonic() + 120
+    while futures and not all(f.done() for f in futures) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert futures and all(f.exception() is None for f in futures)
+    before = evaluation.group_passes
+    second = run(tmp_path / "b")
+    assert evaluation.group_passes >= before + len(EVAL_AT)  # every evaluation shared
+    for i, (a, b) in enumerate(zip(first, second)):
+        assert b.status() == "done", b.error
+        assert_trees_equal(a.result()[0], b.result()[0])  # the state never depends on how it was evaluated
+        ra = [r for r in rows(tmp_path / "a", f"v{i}") if "eval/mse" in r]
+        rb = [r for r in rows(tmp_path / "b", f"v{i}") if "eval/mse" in r]
+        assert [r["step"] for r in rb] == EVAL_AT and [r["eval/n"] for r in rb] == [s + 1 for s in EVAL_AT]
+        np.testing.assert_allclose([r["eval/mse"] for r in rb], [r["eval/mse"] for r in ra], rtol=1e-5)

@@ -15,12 +15,16 @@ and their mean over the batches (unweighted) is recorded as ``eval/<name>``: in 
 ``progress().metrics`` and the status document (so ``xshare top`` and ``/metrics``), as its own
 row in ``metrics.jsonl`` (``step`` = the train step it follows), and through ``on_metrics``.
 
-Fused members: the member's state is taken out of its group's stack (one slot copy per
-evaluation) and the *solo* eval executable runs on it. Its group does not step meanwhile: its
-turns run the member's eval batches (members of a lockstep sweep owe their evaluations at the
-same step, so they evaluate one after another). A vmapped eval would cost one pass instead of
-one per member; the solo one keeps eval metrics independent of the group's capacity and needs
-no extra compile per capacity.
+Fused members: when several members of a group owe an evaluation (a lockstep sweep owes them
+at the same step) and share the eval function and equal-length lists of eval batches, one pass
+of the *vmapped* eval program over the group's stack evaluates them all, each slot on its own
+member's batches (``_GroupPass``). That program compiles on a thread of its own the first time a
+group of that capacity asks; until then, and for a member that cannot share, the member's
+state is taken out of the stack (one slot copy) and the solo eval executable runs on it. Either
+way the group does not step while its members owe evaluations (its turns run their eval
+batches). Like the fused train step, a vmapped evaluation is within float tolerance of the solo
+one, not bit-identical (measured: an 8-job fused sweep evaluated every 25 steps ran 3.8x
+longer than without evaluation member by member, 1.2x with the shared pass).
 
 The dispatcher calls in at five places (``due``, ``owes``, ``run_batch``, ``data_ended``,
 ``release``) and keeps ``dispatcher.evaluating`` (job id -> job owing an evaluation), so a
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+from concurrent.futures import Future
 import time
 import weakref
 from typing import Any, Callable, Iterable
@@ -43,6 +48,7 @@ from .compiler import PROGRAMS, _avals, _key, abstract
 from .source import END
 
 _NO_VALUES = np.zeros((0,), np.float32)  # a metrics row with eval metrics only
+group_passes = 0  # shared (vmapped) evaluations of fused members run in this process, ever
 
 
 class EvalError(ValueError):
@@ -129,10 +135,38 @@ def _scalar_names(metrics: Any) -> tuple[str, ...]:
 # ----------------------------------------------------------------------------- programs
 class EvalProgram:
     """``(state leaves, batch leaves) -> float32[M]`` metrics, shared by every job whose
-    evaluation lowers to the same program."""
+    evaluation lowers to the same program; ``stacked(capacity)`` is its vmapped form over a
+    fusion group's stack (compiled on a thread of its own; None until ready)."""
 
-    def __init__(self, executable: Any, names: tuple[str, ...]):
+    def __init__(self, executable: Any, names: tuple[str, ...], key: str = "", flat: Any = None,
+                 structs: tuple = ()):
         self.executable, self.names = executable, names
+        self.key, self.flat, self.structs = key, flat, structs
+        self._stacked: dict[int, Future] = {}
+        self._lock = threading.Lock()
+
+    def stacked(self, capacity: int) -> Any:
+        """``(stacked state leaves, stacked batch leaves) -> float32[capacity, M]``, or None
+        while it compiles (the caller evaluates member by member meanwhile)."""
+        with self._lock:
+            fut = self._stacked.get(capacity)
+            if fut is None:
+                fut = self._stacked[capacity] = Future()
+                # Not a daemon (as fusion's slot moves): exit waits for a compile in progress.
+                threading.Thread(target=self._compile_stacked, args=(fut, capacity),
+                                 name="xshare-compile-eval", daemon=False).start()
+        if not fut.done() or fut.exception() is not None:
+            return None
+        return fut.result()
+
+    def _compile_stacked(self, fut: Future, capacity: int) -> None:
+        try:
+            states, batches = self.structs
+            stack = lambda s: jax.ShapeDtypeStruct((capacity, *s.shape), s.dtype, sharding=s.sharding)  # noqa: E731
+            lowered = jax.jit(jax.vmap(self.flat)).lower([stack(s) for s in states], [stack(b) for b in batches])
+            fut.set_result(PROGRAMS.shared(f"{self.key}:vmap{capacity}", lowered.compile))
+        except BaseException as err:  # noqa: BLE001 - member by member then
+            fut.set_exception(err)
 
 
 # (eval fn) -> {(state avals, batch avals, device): EvalProgram}: the trace memo, weak on the
@@ -165,7 +199,9 @@ def eval_program(fn: Callable, state_leaves_struct: list, state_def: Any, batch:
     text = lowered.as_text()
     key = hashlib.sha256(text.encode())
     key.update(repr(("eval", memo_key[1], memo_key[2], str(device))).encode())
-    program = PROGRAMS.shared(key.hexdigest(), lambda: EvalProgram(lowered.compile(), names[0]))
+    key = key.hexdigest()
+    program = PROGRAMS.shared(key, lambda: EvalProgram(lowered.compile(), names[0], key, flat,
+                                                       (list(state_leaves_struct), batch_leaves)))
     with _MEMO_LOCK:
         table[memo_key] = program
     return program
@@ -188,6 +224,7 @@ class Evaluation:
         self.t0 = 0
         self.last: dict[str, float] | None = None   # eval/<name> -> value, the newest evaluation
         self.last_step: int | None = None
+        self.shared_pass: Any = None      # a fused group's pass this job leads (_GroupPass)
         self.first = self.program(next(iter(data)))  # compiled beside the train step
 
     def program(self, batch: Any) -> EvalProgram:
@@ -242,6 +279,10 @@ def run_batch(d: Any, job: Any) -> None:
     after the last batch, read the results and record them."""
     ev = job.eval
     step = ev.owed_at
+    if job.group is not None and (ev.shared_pass is not None or ev.state is None):
+        if ev.shared_pass is not None or _start_group_pass(d, job):
+            _group_batch(d, job)
+            return
     if ev.state is None:
         try:
             ev.state = d._state_of(job)
@@ -310,7 +351,7 @@ def release(d: Any, job: Any) -> None:
     ev = job.eval
     d.evaluating.pop(job.id, None)
     if ev is not None:
-        ev.state = ev.it = ev.data = ev.fn = None
+        ev.state = ev.it = ev.data = ev.fn = ev.shared_pass = None
         ev.acc = []
 
 
@@ -327,3 +368,90 @@ def notify(d: Any, job: Any, steps_done: int, metrics: dict) -> None:
         return
     if stop:
         d.post(d.cancel, job)
+
+
+# ----------------------------------------------------------------------------- fused groups
+class _GroupPass:
+    """One evaluation of several members of a fusion group at once: the vmapped eval program
+    over the group's stack, each member's own batch k in its slot (the other slots get a copy,
+    their results unused). Members of a lockstep sweep owe their evaluations at the same step;
+    this makes that one pass instead of one per member."""
+
+    def __init__(self, members: list, program: Any, stacked: Any, capacity: int, n: int):
+        self.members, self.program, self.stacked = members, program, stacked
+        self.capacity, self.n, self.k = capacity, n, 0
+        self.acc: list = []
+        self.t0 = time.monotonic_ns()
+
+
+def _start_group_pass(d: Any, lead: Any) -> bool:
+    """Start a shared pass led by ``lead`` if its group's owing members can share one: the same
+    eval function, sequences of eval batches of one length and the compiled shapes, and the
+    vmapped program compiled already (else each member is evaluated alone)."""
+    group = lead.group
+    owing = [m for m in group.members if m.id in d.evaluating and m.error is None and m.eval is not None
+             and m.eval.state is None and m.eval.shared_pass is None and m.eval.fn is lead.eval.fn]
+    if len(owing) < 2:
+        return False
+    datas = [m.eval.data for m in owing]
+    if not all(isinstance(x, (list, tuple)) for x in datas) or len({len(x) for x in datas}) != 1:
+        return False
+    program = lead.eval.first
+    stacked = program.stacked(group.capacity)
+    if stacked is None:
+        return False
+    like = [(tuple(b.shape), b.dtype) for b in program.structs[1]]
+    for x in datas:
+        for batch in x:
+            if [(tuple(np.shape(v)), np.asarray(v).dtype) for v in jax.tree.leaves(batch)] != like:
+                return False  # a batch of another shape: member by member (their own programs)
+    global group_passes
+    group_passes += 1
+    gp = _GroupPass(owing, program, stacked, group.capacity, len(datas[0]))
+    for m in owing:
+        m.eval.shared_pass = gp
+    return True
+
+
+def _group_batch(d: Any, lead: Any) -> None:
+    gp = lead.eval.shared_pass
+    group = lead.group
+    if any(m.terminal or m.group is not group for m in gp.members) or group.capacity != gp.capacity:
+        # A member left (cancelled, failed) and the group was repacked: start over, the
+        # remaining members still owing their evaluation (their states have not changed).
+        for m in gp.members:
+            if m.eval is not None:
+                m.eval.shared_pass = None
+        return
+    try:
+        by_slot = {m.slot: jax.tree.leaves(m.eval.data[gp.k]) for m in gp.members}
+        fill = next(iter(by_slot.values()))
+        batches = [np.stack([by_slot.get(s, fill)[i] for s in range(gp.capacity)]) for i in range(len(fill))]
+        gp.acc.append(gp.stacked(group.arrays, jax.device_put(batches, d.device)))
+    except Exception as err:  # noqa: BLE001 - an error in eval_step fails the members evaluated
+        for m in gp.members:
+            m.eval.shared_pass = None
+            _failed(d, m, f"its eval_step failed on eval batch {gp.k} (fused with its group): "
+                          f"{short_error(err)}", err)
+        return
+    gp.k += 1
+    if gp.k < gp.n:
+        return
+    try:
+        values = np.mean(np.stack([np.asarray(v) for v in gp.acc]), axis=0)  # [capacity, M]
+    except Exception as err:  # noqa: BLE001
+        for m in gp.members:
+            m.eval.shared_pass = None
+            _failed(d, m, f"its eval_step failed (fused with its group): {short_error(err)}", err)
+        return
+    t_end = time.monotonic_ns()
+    for m in gp.members:
+        ev, step = m.eval, m.eval.owed_at
+        m.device_time_s += (t_end - gp.t0) / 1e9 / len(gp.members)
+        ev.last = {f"eval/{n}": float(v) for n, v in zip(gp.program.names, values[m.slot].tolist())}
+        ev.last_step, ev.shared_pass = step, None
+        _end_pass(d, m)
+        if d._log:
+            d._rows.append((m, step, t_end / 1e9, _NO_VALUES, ev.last))
+        notify(d, m, step + 1, ev.last)
+        d._settle(m)
