@@ -92,3 +92,44 @@ def test_bad_flags_exit_2_and_leave_nothing(tmp_path, monkeypatch, capsys, flags
     assert main(["tune", "study.toml", "--out", "run", *flags]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_signal_ends_the_study_with_130_and_resume_finishes_it(tmp_path, sig):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    write(tmp_path)
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(repo), "COLUMNS": "200"}
+    cmd = [sys.executable, "-m", "xshare", "tune", "study.toml", "--out", "run", "--status-port", "-1",
+           "--trials", "6", "--steps", "2000", "--concurrency", "2", "--pruner", "none"]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = []
+    try:
+        for line in proc.stdout:  # wait until the study runs (its first line), then interrupt
+            seen.append(line)
+            if line.startswith("study: "):
+                time.sleep(3)
+                proc.send_signal(getattr(signal, sig))
+                break
+        out = "".join(seen) + proc.stdout.read()
+        assert proc.wait(timeout=120) == 130, out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "resume with: xshare tune --resume run" in out
+    storage = f"sqlite:///{tmp_path / 'run' / 'study.db'}"
+    trials = optuna.load_study(study_name="study", storage=storage).trials
+    failed = [t for t in trials if t.state.name == "FAIL"]
+    assert failed and all("interrupted" in t.user_attrs["xshare_error"] for t in failed)
+    resumed = subprocess.run([sys.executable, "-m", "xshare", "tune", "--resume", "run", "--status-port", "-1"],
+                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    trials = optuna.load_study(study_name="study", storage=storage).trials
+    assert sum(t.state.is_finished() for t in trials) == 6

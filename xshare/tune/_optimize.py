@@ -78,6 +78,7 @@ class _Driver:
         self.events: queue.SimpleQueue = queue.SimpleQueue()
         self.running: dict[int, _Running] = {}
         self.closing = False
+        self.pending: list = []
         ended = len(study.get_trials(deepcopy=False, states=ENDED))
         self.to_start = max(n_trials - ended, 0)
         if isinstance(runtime, xshare.Runtime):
@@ -119,11 +120,17 @@ class _Driver:
     def run(self) -> None:
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         while True:
-            while (self.to_start > 0 and len(self.running) < self.concurrency
+            batch = self.pending = []  # asked, not yet submitted (abandon tells them too)
+            while (self.to_start > 0 and len(self.running) + len(batch) < self.concurrency
                    and (deadline is None or time.monotonic() < deadline)):
                 self.to_start -= 1
-                self.start_one()
+                started = self.start_one()
+                if started is not None:
+                    batch.append(started)
                 self.decide(block=False)  # (an objective can take a while: keep reports flowing)
+            if batch:
+                self.submit(batch)
+            self.pending = []
             if not self.running:
                 return
             self.decide(block=True)
@@ -133,7 +140,8 @@ class _Driver:
                     del self.running[number]
                     self.finish(r)
 
-    def start_one(self) -> None:
+    def start_one(self) -> tuple[_Running, Any] | None:
+        """Ask a trial and build its job (submitted by ``submit``); None: it ended already."""
         study = self.study
         trial = study.ask()
         try:
@@ -147,7 +155,7 @@ class _Driver:
                                  "eval_data=..., eval_every=K, or tune on a train metric")
         except optuna.TrialPruned:
             self.tell(trial, TrialState.PRUNED)
-            return
+            return None
         except KeyboardInterrupt:  # Ctrl-C inside the objective: this trial too is interrupted
             trial.set_user_attr(ATTR_ERROR, "interrupted in its objective; its parameters were enqueued again")
             self.study.tell(trial, state=TrialState.FAIL)
@@ -158,24 +166,31 @@ class _Driver:
             self.tell(trial, TrialState.FAIL)
             if isinstance(err, self.catch) and not _ours(err):
                 log.warning("trial %d failed in its objective: %s", trial.number, err)
-                return
+                return None
             raise
         every = self.report_every
         if every is None and not self.metric.startswith("eval/"):
             every = max(1, (spec.steps or 200) // 20)  # a train metric: 20 reports a trial
         r = _Running(trial, self.metric, every, budget=spec.steps)
         r.decided.set()
-        name = f"trial-{trial.number}"
-        spec = spec.replace(name=name, on_metrics=self.hook(r))
+        return r, spec.replace(name=f"trial-{trial.number}", on_metrics=self.hook(r))
+
+    def submit(self, batch: list) -> None:
+        """Submit the trials asked together in one call: jobs of one step submitted together
+        open their fused group at a capacity for all of them (one compile, not one per
+        doubling as they arrive one by one)."""
         if self.rt is None:
             self.rt = xshare.Runtime(**self.runtime_kwargs)
+        specs = [spec for _, spec in batch]
         try:
-            r.handle = self.rt.submit(spec)
-        except ValueError:  # the name is taken in a runtime the caller shares across studies
-            name = f"{study.study_name}-trial-{trial.number}"
-            r.handle = self.rt.submit(spec.replace(name=name))
-        trial.set_user_attr(ATTR_JOB, name)
-        self.running[trial.number] = r
+            handles = self.rt.submit_many(specs)
+        except ValueError:  # a name is taken in a runtime the caller shares across studies
+            specs = [s.replace(name=f"{self.study.study_name}-{s.name}") for s in specs]
+            handles = self.rt.submit_many(specs)
+        for (r, _), spec, handle in zip(batch, specs, handles):
+            r.handle = handle
+            r.trial.set_user_attr(ATTR_JOB, spec.name)
+            self.running[r.trial.number] = r
 
     def decide(self, *, block: bool) -> None:
         """Report queued values and ask the pruner; a pruned trial's hook answers True."""
@@ -243,10 +258,11 @@ class _Driver:
                         r.handle.cancel()
                     except Exception:  # noqa: BLE001 - already ended
                         pass
-        for r in list(self.running.values()):
+        for r in list(self.running.values()) + [r for r, _ in self.pending]:
             try:
-                r.trial.set_user_attr(ATTR_STEPS, r.handle.progress().steps_done)
-                r.trial.set_user_attr(ATTR_ERROR, f"{why} after {r.handle.progress().steps_done} steps"
+                steps = r.handle.progress().steps_done if r.handle is not None else 0
+                r.trial.set_user_attr(ATTR_STEPS, steps)
+                r.trial.set_user_attr(ATTR_ERROR, f"{why} after {steps} steps"
                                       + ("; its parameters were enqueued again" if requeue else ""))
                 self.study.tell(r.trial, state=TrialState.FAIL)
                 if requeue:
@@ -254,6 +270,7 @@ class _Driver:
             except Exception as err:  # noqa: BLE001 - tell the others anyway
                 log.warning("could not tell trial %d: %s", r.trial.number, err)
         self.running.clear()
+        self.pending = []
 
     def close(self) -> None:
         if self.owned and self.rt is not None:
