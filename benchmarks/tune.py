@@ -118,6 +118,39 @@ def child(way: str, trials: int, steps: int, every: int) -> dict:
             "best_val_accuracy": best, "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
 
 
+def eval_cost(jobs: int = 8, steps: int = 600, repeats: int = 3) -> list[dict]:
+    """What evaluation costs a fused sweep: ``jobs`` digits jobs (hyperparameters in state: one
+    group) of ``steps`` steps, evaluated only at the end, every 100 and every 25 steps on the
+    3 validation batches; compiled once before the clock (a warm-up run of each setting),
+    settings alternated, median of ``repeats``."""
+    import statistics
+
+    import xshare
+    from xshare.models.digits import make_job
+
+    settings = (None, 100, 25)
+
+    def sweep(every, n_steps, tag):
+        specs = [make_job(lr=1e-3 * (i + 1), steps=n_steps, eval_every=every, seed=i, name=f"{tag}{i}",
+                          hparams_in_state=True) for i in range(jobs)]
+        t0 = time.perf_counter()
+        with xshare.Runtime(fuse=True, memory="2GiB") as rt:
+            rt.submit_many(specs)
+            rt.wait()
+        return time.perf_counter() - t0
+
+    for every in settings:
+        sweep(every, steps, "warm")  # compiles (and the vmapped eval, in the background)
+    time.sleep(2)
+    walls: dict = {every: [] for every in settings}
+    for r in range(repeats):
+        for every in settings:
+            walls[every].append(sweep(every, steps, f"r{r}-"))
+    base = statistics.median(walls[None])
+    return [{"eval_every": every, "wall_s": statistics.median(w), "vs_end_only": statistics.median(w) / base}
+            for every, w in walls.items()]
+
+
 def run_way(way: str, trials: int, steps: int, every: int) -> dict:
     cmd = [sys.executable, "-m", "benchmarks.tune", "--child", way, "--trials", str(trials),
            "--steps", str(steps), "--every", str(every)]
@@ -148,8 +181,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ways", default=",".join(WAYS))
     parser.add_argument("--smoke", action="store_true", help="4 trials of 20 steps, two ways: that it runs")
     parser.add_argument("--out", help="write results.json and results.md here")
+    parser.add_argument("--eval-cost", action="store_true",
+                        help="instead: what evaluation costs a fused 8-job sweep (600 steps; end, every 100, every 25)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.eval_cost:
+        rows = eval_cost(steps=60 if args.smoke else 600, repeats=1 if args.smoke else 3)
+        for r in rows:
+            print(json.dumps(r))
+        return 0
     if args.child:
         print(json.dumps(child(args.child, args.trials, args.steps, args.every)))
         return 0
