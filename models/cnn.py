@@ -20,7 +20,7 @@ from flax import nnx
 
 import xshare
 
-from .common import adam, check_common, check_positive_ints, classification_loss, train_job
+from .common import adam, check_common, check_positive_ints, classification_loss, eval_kwargs, train_job
 
 IMAGE, CHANNELS_IN, CLASSES = 32, 3, 10
 MAX_SHIFT = 4
@@ -82,14 +82,17 @@ class PatternData:
 
 
 def make_job(lr: float = 1e-3, channels: int = 16, blocks: int = 2, batch: int = 32, steps: int = 100,
-             seed: int = 0, name: str | None = None) -> xshare.JobSpec:
+             seed: int = 0, name: str | None = None,
+             eval_every: int | None = None) -> xshare.JobSpec:
     """A bound CNN training job: Adam(lr) on a ResNet of ``blocks`` residual blocks, ``channels`` wide."""
     check_common("cnn", lr=lr, seed=seed, steps=steps, name=name)
     check_positive_ints("cnn", channels=channels, blocks=blocks, batch=batch)
     model = ResNet(channels, blocks, rngs=nnx.Rngs(seed))
 
     step = train_job(classification_loss, name="cnn")
-    return step.bind((model, adam(model, lr)), PatternData(batch, seed), steps=steps,
+    data = PatternData(batch, seed)
+    return step.bind((model, adam(model, lr)), data, steps=steps,
+                     **eval_kwargs(classification_loss, data, eval_every, name="cnn"),
                      name=name or f"cnn-c{channels}-s{seed}",
                      meta={"model": "cnn", "lr": lr, "channels": channels, "blocks": blocks, "batch": batch,
                            "seed": seed})

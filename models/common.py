@@ -51,6 +51,33 @@ def train_job(loss_fn: Callable[[nnx.Module, Any], tuple[jax.Array, dict[str, ja
 _ADAM = optax.inject_hyperparams(optax.adam)(learning_rate=1e-3)
 
 
+# Held-out batches: a factory's data is a function of (seed, step), and no job trains this far.
+HELD_OUT_STEP = 1 << 40
+_EVALS: dict[tuple, Callable] = {}
+
+
+def eval_kwargs(loss_fn: Callable, data: Callable[[int], Any], eval_every: Any, *, name: str,
+                batches: int = 4) -> dict[str, Any]:
+    """``bind`` arguments that evaluate ``loss_fn`` (its loss and extras, as ``eval/<name>``) on
+    ``batches`` held-out batches of the job's own ``data`` every ``eval_every`` steps and at the
+    end (``eval_step(model, batch)``, run by ``xshare.nnx`` on the model in eval mode); ``{}``
+    when ``eval_every`` is None. One eval function per (loss, name), shared by a sweep's jobs."""
+    if eval_every is None:
+        return {}
+    if not isinstance(eval_every, int) or isinstance(eval_every, bool) or eval_every < 1:
+        raise HyperparameterError(f"{name}: eval_every={eval_every!r} must be a positive int (or None: no evaluation)")
+    fn = _EVALS.get((loss_fn, name))
+    if fn is None:
+        def eval_step(model: nnx.Module, batch: Any) -> dict[str, jax.Array]:
+            loss, extra = loss_fn(model, batch)
+            return {"loss": loss, **extra}
+
+        eval_step.__name__ = f"{name}_eval"
+        fn = _EVALS[(loss_fn, name)] = eval_step
+    return {"eval_step": fn, "eval_data": [data(HELD_OUT_STEP + k) for k in range(batches)],
+            "eval_every": eval_every}
+
+
 def adam(model: nnx.Module, lr: float) -> nnx.Optimizer:
     """An ``nnx.Optimizer`` over ``model``'s parameters: Adam with learning rate ``lr``, which
     lives in the optimizer state (exactly what ``inject_hyperparams(adam)(learning_rate=lr)``

@@ -12,7 +12,7 @@ from flax import nnx
 
 import xshare
 
-from .common import adam, check_common, check_positive_ints, classification_loss, train_job
+from .common import adam, check_common, check_positive_ints, classification_loss, eval_kwargs, train_job
 
 IN_DIM, CLASSES = 32, 10
 
@@ -65,14 +65,17 @@ class TeacherData:
 
 
 def make_job(lr: float = 1e-3, width: int = 128, depth: int = 2, batch: int = 64, steps: int = 200,
-             seed: int = 0, name: str | None = None) -> xshare.JobSpec:
+             seed: int = 0, name: str | None = None,
+             eval_every: int | None = None) -> xshare.JobSpec:
     """A bound MLP training job: Adam(lr) on ``depth`` hidden layers of ``width`` units."""
     check_common("mlp", lr=lr, seed=seed, steps=steps, name=name)
     check_positive_ints("mlp", width=width, depth=depth, batch=batch)
     model = MLP(width, depth, rngs=nnx.Rngs(seed))
 
     step = train_job(classification_loss, name="mlp")
-    return step.bind((model, adam(model, lr)), TeacherData(batch, seed), steps=steps,
+    data = TeacherData(batch, seed)
+    return step.bind((model, adam(model, lr)), data, steps=steps,
+                     **eval_kwargs(classification_loss, data, eval_every, name="mlp"),
                      name=name or f"mlp-w{width}-s{seed}",
                      meta={"model": "mlp", "lr": lr, "width": width, "depth": depth, "batch": batch,
                            "seed": seed})

@@ -26,7 +26,7 @@ from flax import nnx
 
 import xshare
 
-from .common import HyperparameterError, adam, check_common, check_positive_ints, train_job
+from .common import HyperparameterError, adam, check_common, check_positive_ints, eval_kwargs, train_job
 
 CORPUS = "corpus.txt"
 
@@ -113,7 +113,8 @@ def _lm_loss(model: nnx.Module, batch: dict) -> tuple:
 
 
 def make_job(lr: float = 3e-3, d_model: int = 64, layers: int = 2, heads: int = 4, seq: int = 64,
-             batch: int = 16, steps: int = 100, seed: int = 0, name: str | None = None) -> xshare.JobSpec:
+             batch: int = 16, steps: int = 100, seed: int = 0, name: str | None = None,
+             eval_every: int | None = None) -> xshare.JobSpec:
     """A bound char-LM training job: Adam(lr) on a ``layers``-block, ``d_model``-wide Transformer."""
     check_common("transformer", lr=lr, seed=seed, steps=steps, name=name)
     check_positive_ints("transformer", d_model=d_model, layers=layers, heads=heads, seq=seq, batch=batch)
@@ -125,6 +126,7 @@ def make_job(lr: float = 3e-3, d_model: int = 64, layers: int = 2, heads: int = 
 
     step = train_job(_lm_loss, name="transformer")
     return step.bind((model, adam(model, lr)), data, steps=steps,
+                     **eval_kwargs(_lm_loss, data, eval_every, name="transformer"),
                      name=name or f"transformer-d{d_model}-s{seed}",
                      meta={"model": "transformer", "lr": lr, "d_model": d_model, "layers": layers,
                            "heads": heads, "seq": seq, "batch": batch, "seed": seed,

@@ -40,6 +40,15 @@ class JobSpec:
     # other objects than a pytree (``xshare.nnx`` rebuilds NNX modules) turn it back into them.
     # The runtime never calls it: it steps, swaps and checkpoints the plain pytree.
     result_transform: Callable[[Any], Any] | None = None
+    # Evaluation during training (``xshare/runtime/evaluation.py``): ``eval_step(state, batch)
+    # -> metrics`` over every batch of ``eval_data`` every ``eval_every`` steps and at the end.
+    eval_step: Callable[[Any, Any], Any] | None = None
+    eval_data: Iterable[Any] | None = None
+    eval_every: int | None = None
+    # Called on the dispatcher thread with ``(steps_done, metrics)`` after each step retires and
+    # after each evaluation (``eval/<name>`` keys); returning True cancels the job at that step
+    # boundary. Must be cheap: ``xshare.tune`` uses it to report and prune trials.
+    on_metrics: Callable[[int, Mapping[str, float]], bool | None] | None = None
 
     @property
     def fn(self) -> Callable:
@@ -85,6 +94,9 @@ class Job:
         nan_policy: str = "ignore",
         meta: Mapping[str, Any] | None = None,
         observer: Callable[[int, Mapping[str, float], float], Mapping[str, float] | None] | None = None,
+        eval_step: Callable[[Any, Any], Any] | None = None,
+        eval_data: Iterable[Any] | None = None,
+        eval_every: int | None = None,
     ) -> JobSpec:
         """Package this step with its initial state and data into a job a Runtime can run.
 
@@ -105,6 +117,13 @@ class Job:
             ``observer(step, metrics, t_done)`` (``t_done`` on ``time.monotonic()``'s clock); the
             mapping it returns is merged into that step's metrics. Inference jobs use it to turn
             request arrival times into latency percentiles.
+          eval_step: ``eval_step(state, batch) -> metrics`` (a dict of scalars), compiled beside
+            the step; it never changes the state. Run over every batch of ``eval_data`` every
+            ``eval_every`` steps and after the last step; the mean over the batches is recorded
+            as ``eval/<name>`` (progress, metrics.jsonl, status, ``/metrics``).
+          eval_data: the held-out batches: a sequence, or any iterable that can be iterated
+            again for each evaluation (not a one-shot iterator or generator).
+          eval_every: evaluate every this many steps (a positive int); None: only at the end.
         """
         if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool) or steps < 0):
             raise ValueError(f"steps={steps!r} must be a non-negative int, or None to run until data ends")
@@ -117,6 +136,9 @@ class Job:
         if not callable(data) and not _is_iterable(data):
             raise TypeError(f"data must be an iterable of batches or a callable step -> batch; got {type(data).__name__}")
         _refuse_nnx_objects(state)
+        if eval_step is not None or eval_data is not None or eval_every is not None:
+            from .runtime.evaluation import check_eval
+            check_eval(state, eval_step, eval_data, eval_every)
         return JobSpec(
             job=self,
             state=state,
@@ -127,6 +149,9 @@ class Job:
             nan_policy=nan_policy,
             meta=dict(meta or {}),
             observer=observer,
+            eval_step=eval_step,
+            eval_data=eval_data,
+            eval_every=eval_every,
         )
 
     def __repr__(self) -> str:

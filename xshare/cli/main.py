@@ -34,6 +34,31 @@ def add_launch(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=launch.run)
 
 
+def add_tune(subparsers: argparse._SubParsersAction) -> None:
+    from xshare.cli import tune
+
+    parser = subparsers.add_parser(
+        "tune",
+        help="hyperparameter search: an Optuna study whose trials are jobs of one runtime",
+        description=(
+            "Run an Optuna study (sampler, pruner, storage) whose trials are jobs of one xshare runtime, "
+            "fused by default. The spec has one [[job]] entry, a [search] table (ranges {low, high, log}, "
+            "lists = categorical) and [tune] settings; flags override them. Writes RUN_DIR/study.db, "
+            "study.png and each trial's metrics.jsonl. Needs pip install 'xshare[tune]'. Exit 0 done, "
+            "1 no trial completed, 2 bad spec (nothing is started), 130 interrupted (--resume continues)."
+        ),
+        epilog=(
+            "examples:\n"
+            "  xshare tune examples/tune_digits.toml\n"
+            "  xshare tune examples/tune_digits.toml --trials 64 --pruner hyperband --sampler random --seed 1\n"
+            "  xshare tune --resume runs/20260101-120000-tune_digits"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    tune.add_arguments(parser)
+    parser.set_defaults(func=tune.run)
+
+
 def add_top(subparsers: argparse._SubParsersAction) -> None:
     from xshare.cli import top
 
@@ -147,6 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     add_launch(subparsers)
+    add_tune(subparsers)
     add_top(subparsers)
     add_bench(subparsers)
     add_service(subparsers)

@@ -20,6 +20,7 @@ Both are process-wide: a second Runtime in the process reuses what the first com
 from __future__ import annotations
 
 import threading
+import time
 import weakref
 from concurrent.futures import Future
 from typing import Any, Callable
@@ -166,6 +167,25 @@ class ProgramCache:
                 del self._programs[key]
             fut.set_exception(err)
             raise
+        fut.set_result(result)
+        return result
+
+    def shared(self, key: str, build: Callable[[], Any]) -> Any:
+        """What ``build()`` compiles, cached under ``key`` with the step programs (for programs
+        other than a job's step, e.g. its evaluation: ``evaluation.py``); built once, counted
+        as one compile, and shared by every job that asks for the same key."""
+        fut, owner = self._claim(self._programs, key)
+        if not owner:
+            return fut.result()
+        t0 = time.perf_counter()
+        try:
+            result = build()
+        except BaseException as err:
+            with self._lock:
+                del self._programs[key]  # a failed build is not cached: the next job retries
+            fut.set_exception(err)
+            raise
+        self._count(time.perf_counter() - t0)
         fut.set_result(result)
         return result
 

@@ -120,6 +120,7 @@ class Dispatcher(Planner, Executor, Groups, Admission, Lifecycle):
         # Deployed models (runtime/models.py Hub), set by Runtime.deploy; None until a model is
         # deployed, so a training-only runtime pays nothing for serving.
         self.serving: Any = None
+        self.evaluating: dict[int, JobRecord] = {}    # jobs owing an evaluation (evaluation.py)
         self.thread = threading.Thread(target=self._main, name="xshare-dispatcher", daemon=True)
         self.thread.start()
 

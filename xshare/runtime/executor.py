@@ -16,7 +16,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from . import fusion
+from . import evaluation, fusion
 from .causes import dispatch_error, short_error
 from .fusion import Group
 from .records import JobRecord
@@ -33,6 +33,14 @@ class Executor:
     its methods run on the dispatcher thread and share the dispatcher's tables."""
 
     def _dispatch(self, job: JobRecord, li: int, pos: int) -> None:
+        if self.evaluating:
+            owing = evaluation.owes(self, job)
+            if owing is not None:  # an eval batch takes this turn (evaluation.py: scheduling)
+                if isinstance(job, Group):
+                    job.now = None
+                evaluation.run_batch(self, owing)
+                self._took_turn(job, li, pos)
+                return
         if isinstance(job, Group):
             self._dispatch_group(job, li, pos)
             return
@@ -59,6 +67,8 @@ class Executor:
         job.in_flight += 1
         self._took_turn(job, li, pos)
         self._inflight.append((job, step, outs[1], t))
+        if job.eval is not None:
+            evaluation.due(self, job, step)
         left = job.steps_left
         if left == 0:
             self._dirty = True  # it leaves the rotation; it finishes when its steps retire
@@ -130,6 +140,8 @@ class Executor:
         for slot, (job, step, _) in taken.items():
             job.dispatched += 1
             job.in_flight += 1
+            if job.eval is not None:
+                evaluation.due(self, job, step)
             # (A member whose last step this is stays masked in later group steps, so its
             # final state can be read from its slot whenever it is retired: see _state_of.)
             steps[slot] = (job, step)
@@ -146,6 +158,8 @@ class Executor:
     def _dispatch_marker(self, job: JobRecord, batch: Any) -> None:
         if batch is END:
             job.data_done = True
+            if job.eval is not None:
+                evaluation.data_ended(self, job)
         elif isinstance(batch.error, BatchMismatch):
             self._fail(job, str(batch.error))
         else:
@@ -223,6 +237,9 @@ class Executor:
         job.last_values = values
         if job.spec.observer is not None:
             self._observe(job, step, values, t_end)
+        if job.spec.on_metrics is not None:  # this step's own metrics (evaluations notify apart)
+            evaluation.notify(self, job, step + 1, {**dict(zip(job.program.metric_names, values.tolist())),
+                                                    **(job.extra_metrics or {})})
         if self._log:
             # Handed to the recorder in batches: a queue put per step would wake its thread
             # per step, and the two threads would take turns at the GIL.

@@ -13,6 +13,7 @@ import traceback
 
 import jax
 
+from . import evaluation
 from .causes import short_error
 from .records import JobRecord, now_s
 from .states import Event, JobState, transition
@@ -32,7 +33,7 @@ class Lifecycle:
             return
         if job.error is not None:
             self._finalize(job, Event.FAIL)
-        elif job.steps_left == 0 and job.state in (S.RUNNING, S.PAUSED):
+        elif job.steps_left == 0 and job.state in (S.RUNNING, S.PAUSED) and job.id not in self.evaluating:
             self._finish(job)
 
     def _finish(self, job: JobRecord) -> None:
@@ -86,13 +87,16 @@ class Lifecycle:
             del self._lane_current[job.lane]
         if job in self._swap_waiting:
             self._swap_waiting.remove(job)
+        if job.eval is not None or job.id in self.evaluating:
+            evaluation.release(self, job)
         if job.group is not None:
             self._leave_group(job)
         job.arrays = job.host_arrays = job.ident = None  # drop the device buffers
         # ... and the spec's step, initial state and data (its result is host_state): a runtime
         # that has run thousands of jobs must not keep every one's initial arrays and step
         # closure (a model's graph) alive; the program cache's memo is weak on the step.
-        job.spec = job.spec.replace(job=None, state=None, data=None, observer=None)
+        job.spec = job.spec.replace(job=None, state=None, data=None, observer=None, eval_step=None,
+                                    eval_data=None, on_metrics=None)
         job.source = None
         job.batches.clear()
         self._dirty = True

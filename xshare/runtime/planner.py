@@ -13,6 +13,7 @@ import logging
 
 
 from .. import sched
+from . import evaluation
 from .fusion import Group
 from .plan import Plan
 from .records import JobRecord, now_s
@@ -36,6 +37,8 @@ class Planner:
             return None
         li, pos = plan.lane, plan.idx[plan.lane]
         job = plan.job_at(li, pos)
+        if self.evaluating and evaluation.owes(self, job) is not None:
+            return job, li, pos  # its turn runs an eval batch: no train batch needed
         if isinstance(job, Group):
             if self._group_ready(job, make=True):
                 return job, li, pos
@@ -53,6 +56,8 @@ class Planner:
             return None
         for li, pos in plan.candidates():
             job = plan.job_at(li, pos)
+            if self.evaluating and evaluation.owes(self, job) is not None:
+                return job, li, pos
             if self._group_ready(job, make=False) if isinstance(job, Group) else job.batches:
                 return job, li, pos
         return None
@@ -80,7 +85,7 @@ class Planner:
         flops = self.timeline.flops_per_s
         views = []
         for job in self._running.values():
-            if job.steps_left == 0 or job.error is not None:
+            if job.error is not None or (job.steps_left == 0 and evaluation.owes(self, job) is None):
                 continue
             current = self._lane_current.get(job.lane)
             views.append(sched.JobView(

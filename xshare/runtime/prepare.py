@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from . import checkpoint, fusion
+from . import checkpoint, evaluation, fusion
 from .causes import short_error
 from .compiler import PROGRAMS
 from .groups import _pow2
@@ -76,8 +76,13 @@ class Preparation:
         except Exception as err:  # noqa: BLE001
             post(self._dispatcher.fail_now, job, f"could not compile its step: {short_error(err)}", err)
             return None
+        try:
+            ev = evaluation.prepare(spec, self.device)  # compiled beside the step
+        except Exception as err:  # noqa: BLE001
+            post(self._dispatcher.fail_now, job, f"could not compile its eval_step: {short_error(err)}", err)
+            return None
         return Prepared(program=program, spec=spec, layout=layout, batch_layout=batch_layout,
-                        source=source, restored_metrics=restored, fuse_hint=job.fuse_hint)
+                        source=source, restored_metrics=restored, fuse_hint=job.fuse_hint, eval=ev)
 
     def _prepare_fused(self, jobs: list[JobRecord]) -> None:
         """On the compile pool, for jobs submitted together to a fused runtime: their programs

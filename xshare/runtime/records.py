@@ -84,6 +84,7 @@ class Prepared:
     lifted: tuple = ()
     traced: Any = None
     fuse_hint: int = 1
+    eval: Any = None                      # its Evaluation (evaluation.py), compiled beside the step
 
 
 @dataclass(eq=False)
@@ -115,6 +116,7 @@ class JobRecord:
     feed_lock: threading.Lock = field(default_factory=threading.Lock)  # one producer at a time
     prefetch_depth: int = 2
     data_s: float | None = None           # measured time to make one batch (EMA)
+    eval: Any = None                      # its Evaluation (evaluation.py), if it has an eval_step
     group: Any = None                     # the fusion group it steps in (fuse=True), and its slot
     slot: int | None = None
     fuse_hint: int = 1                    # jobs of its submit_many call with the same step
@@ -179,10 +181,14 @@ class JobRecord:
     @property
     def last_metrics(self) -> dict[str, float] | None:
         if self.last_values is None:
+            if self.eval is not None and self.eval.last:
+                return {**(self.restored_metrics or {}), **self.eval.last}
             return self.restored_metrics
         out = dict(zip(self.program.metric_names, self.last_values.tolist()))
         if self.extra_metrics:
             out.update(self.extra_metrics)
+        if self.eval is not None and self.eval.last:
+            out.update(self.eval.last)  # the newest evaluation's eval/<name>, between evaluations too
         return out
 
     def step_estimate_s(self, flops_per_s: float | None = None) -> float:

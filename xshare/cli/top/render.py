@@ -176,7 +176,12 @@ def _jobs_table(v: View, ui: UI, colors: dict[str, str], width: int) -> Any:
         loss = pick_loss(j["metrics"])
         if loss is None:
             return Text("-")
-        return Text(fmt_number(loss[1]) if loss[0] == "loss" else f"{loss[0]} {fmt_number(loss[1])}")
+        text = fmt_number(loss[1]) if loss[0] == "loss" else f"{loss[0]} {fmt_number(loss[1])}"
+        # The newest evaluation's first metric too (bind(..., eval_step=...)): what a sweep is judged by.
+        ev = next(((k, v) for k, v in (j["metrics"] or {}).items() if k.startswith("eval/")), None)
+        if ev is not None and ev[0] != loss[0]:
+            text += f" {ev[0]} {fmt_number(ev[1])}"
+        return Text(text)
 
     jobs = ordered_jobs(v.status, ui.sort)
     any_error = any(j["error"] for j in jobs)

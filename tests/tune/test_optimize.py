@@ -1,0 +1,175 @@
+"""xshare.tune.optimize: trials end COMPLETE, PRUNED or FAIL as they should, values and steps
+match what the jobs recorded, parameters reach the jobs, and an interrupted study resumes."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+optuna = pytest.importorskip("optuna")
+
+import xshare  # noqa: E402
+import xshare.tune  # noqa: E402
+from xshare.tune._optimize import ATTR_ERROR, ATTR_PRUNED_AT, ATTR_STEPS  # noqa: E402
+from tests.helpers import linreg_data  # noqa: E402
+
+BUDGET, EVERY = 60, 5
+TS = optuna.trial.TrialState
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+@xshare.job
+def sgd_step(state, batch):
+    """Linear regression with its learning rate in the state (one program for every trial)."""
+    def loss_fn(w):
+        return jnp.mean((batch["x"] @ w - batch["y"]) ** 2)
+
+    loss, g = jax.value_and_grad(loss_fn)(state["w"])
+    return {"w": state["w"] - state["lr"] * g, "lr": state["lr"]}, {"loss": loss}
+
+
+def mse(state, batch):
+    return {"mse": jnp.mean((batch["x"] @ state["w"] - batch["y"]) ** 2)}
+
+
+VAL = [linreg_data(seed=0, batch=32)(1000 + k) for k in range(2)]
+W0 = np.zeros((8, 1), np.float32)
+
+
+def make(lr, *, fail_at=None, steps=BUDGET, eval_step=mse):
+    data = linreg_data(seed=0)
+
+    def batches(k):
+        if fail_at is not None and k == fail_at:
+            raise RuntimeError(f"batch {k} is corrupt")
+        return data(k)
+
+    state = {"w": jnp.asarray(W0), "lr": jnp.float32(lr)}
+    kw = dict(eval_step=eval_step, eval_data=VAL, eval_every=EVERY) if eval_step else {}
+    return sgd_step.bind(state, batches, steps=steps, **kw)
+
+
+def initial_mse():
+    return float(np.mean([np.mean((b["x"] @ W0 - b["y"]) ** 2) for b in VAL]))
+
+
+def study_of(storage=None, name=None, load=False):
+    sampler = optuna.samplers.RandomSampler(seed=0)
+    pruner = optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0)
+    if load:
+        return optuna.load_study(study_name=name, storage=storage, sampler=sampler, pruner=pruner)
+    return optuna.create_study(direction="minimize", sampler=sampler, pruner=pruner, storage=storage,
+                               study_name=name)
+
+
+def objective(trial):
+    lr = trial.suggest_float("lr", 0.0, 0.2)
+    return make(lr, fail_at=7 if trial.number == 3 else None)
+
+
+def test_an_8_trial_study_ends_each_trial_as_it_should():
+    study = study_of()
+    # Fixed points among the sampled ones: two good trials first (the pruner's startup), a trial
+    # whose job fails (number 3) and a learning rate of 0 (number 5), which must not learn.
+    for lr in (0.1, 0.05, 0.08, 0.1, 0.07, 0.0):
+        study.enqueue_trial({"lr": lr})
+    xshare.tune.optimize(study, objective, 8, metric="eval/mse", concurrency=2,
+                         runtime={"memory": "64MiB"})
+    trials = study.trials
+    assert len(trials) == 8 and all(t.state in (TS.COMPLETE, TS.PRUNED, TS.FAIL) for t in trials)
+    assert trials[0].state is TS.COMPLETE and trials[1].state is TS.COMPLETE
+    # The failing job fails its trial alone, with its error kept.
+    assert trials[3].state is TS.FAIL
+    assert "batch 7 is corrupt" in trials[3].user_attrs[ATTR_ERROR]
+    assert [t.number for t in trials if t.state is TS.FAIL] == [3]
+    # lr=0 reaches its job: it never learns (every evaluation is the initial error), so it is pruned.
+    zero = trials[5]
+    assert zero.params["lr"] == 0.0 and zero.state is TS.PRUNED
+    np.testing.assert_allclose(list(zero.intermediate_values.values()), initial_mse(), rtol=1e-6)
+    for t in trials:
+        if t.state is TS.COMPLETE:
+            # Evaluated every EVERY steps and after the last; told the last value it reported.
+            assert sorted(t.intermediate_values) == list(range(EVERY, BUDGET + 1, EVERY))
+            assert t.value == t.intermediate_values[BUDGET]
+            assert t.user_attrs[ATTR_STEPS] == BUDGET
+            assert t.value < initial_mse() / 2  # it learned
+        if t.state is TS.PRUNED:
+            pruned_at = t.user_attrs[ATTR_PRUNED_AT]
+            assert max(t.intermediate_values) == pruned_at
+            # Cancelled within one report interval of the decision (so before the budget, unless
+            # decided in the last interval: the job may reach its end before the cancel lands).
+            assert pruned_at < BUDGET and pruned_at <= t.user_attrs[ATTR_STEPS] <= pruned_at + EVERY
+
+
+def test_an_interrupted_study_resumes_on_sqlite_to_exactly_n_trials(tmp_path):
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    study = study_of(storage, "resume")
+    interrupt = [True]
+
+    def slow(trial):
+        lr = trial.suggest_float("lr", 0.01, 0.2)
+        # Ctrl-C as the driver starts trial 5, while trials 3 and 4 run (started just before).
+        if trial.number == 5 and interrupt.pop():
+            raise KeyboardInterrupt
+        return make(lr, steps=400)
+
+    with pytest.raises(xshare.tune.Interrupted):
+        xshare.tune.optimize(study, slow, 10, metric="eval/mse", concurrency=3, runtime={"memory": "64MiB"})
+    first = study_of(storage, "resume", load=True).trials
+    interrupted = [t for t in first if t.state is TS.FAIL]
+    assert [t.number for t in interrupted] == [3, 4, 5] and all("interrupted" in t.user_attrs[ATTR_ERROR] for t in interrupted)
+    assert sum(t.state is TS.WAITING for t in first) == len(interrupted)  # their params, enqueued
+
+    again = study_of(storage, "resume", load=True)
+    xshare.tune.optimize(again, slow, 10, metric="eval/mse", concurrency=3, runtime={"memory": "64MiB"})
+    trials = again.trials
+    assert sum(t.state in (TS.COMPLETE, TS.PRUNED, TS.FAIL) for t in trials) == 10
+    assert not [t for t in trials if t.state in (TS.RUNNING, TS.WAITING)]
+    # The interrupted trials' parameters ran again (the enqueued trials, asked first).
+    waiting = [t.number for t in first if t.state is TS.WAITING]
+    assert sorted(trials[n].params["lr"] for n in waiting) == sorted(t.params["lr"] for t in interrupted)
+
+
+def test_a_metric_the_job_never_reports_is_an_error_naming_what_it_reports():
+    with pytest.raises(ValueError, match=re.escape("metric='eval/acc' is not a metric trial 0's job "
+                                                   "reports; it reports: eval/mse")):
+        xshare.tune.optimize(study_of(), lambda t: make(0.1), 2, metric="eval/acc",
+                             runtime={"memory": "64MiB"})
+    with pytest.raises(ValueError, match=re.escape("metric='accuracy' is not a metric trial 0's job "
+                                                   "reports; it reports: loss")):
+        xshare.tune.optimize(study_of(), lambda t: make(0.1), 2, metric="accuracy",
+                             runtime={"memory": "64MiB"})
+    with pytest.raises(ValueError, match=re.escape("but trial 0's job has no eval_step")):
+        xshare.tune.optimize(study_of(), lambda t: make(0.1, eval_step=None), 2, metric="eval/mse")
+
+
+def test_a_train_metric_is_reported_every_report_every_steps():
+    study = optuna.create_study(direction="minimize", pruner=optuna.pruners.NopPruner())
+    xshare.tune.optimize(study, lambda t: make(t.suggest_float("lr", 0.05, 0.1), eval_step=None), 2,
+                         metric="loss", report_every=10, runtime={"memory": "64MiB"})
+    for t in study.trials:
+        assert t.state is TS.COMPLETE and sorted(t.intermediate_values) == [10, 20, 30, 40, 50, 60]
+        assert t.value == t.intermediate_values[60]
+
+
+def test_multi_objective_studies_and_bad_arguments_are_refused():
+    multi = optuna.create_study(directions=["minimize", "maximize"])
+    with pytest.raises(ValueError, match="has 2 objectives; xshare.tune.optimize runs single-objective"):
+        xshare.tune.optimize(multi, objective, 2, metric="eval/mse")
+    with pytest.raises(ValueError, match=re.escape("n_trials=0 must be a positive int")):
+        xshare.tune.optimize(study_of(), objective, 0, metric="eval/mse")
+    with pytest.raises(ValueError, match=re.escape("concurrency=0 must be a positive int")):
+        xshare.tune.optimize(study_of(), objective, 2, metric="eval/mse", concurrency=0)
+
+
+def test_xshare_tune_without_optuna_says_how_to_install_it():
+    code = "import sys; sys.modules['optuna'] = None; import xshare.tune"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "ImportError: xshare.tune needs Optuna, which is not installed: pip install 'xshare[tune]'" in proc.stderr

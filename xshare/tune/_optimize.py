@@ -1,0 +1,366 @@
+"""``optimize``: Optuna's ask-and-tell, with each trial a job of one xshare Runtime.
+
+The driver (the calling thread) alone talks to the study: it asks trials, builds their jobs
+with the user's objective, submits them, reports metric values and tells the outcomes. The
+runtime's dispatcher hands every recorded value to a per-trial ``on_metrics`` hook (cheap: it
+queues the value), and the hook's answer is how a pruned job stops: True cancels the job at
+that step boundary.
+
+Pruning latency: the hook never waits for storage while the driver keeps up. A report is
+decided (``trial.report`` + ``should_prune``) by the driver while the job trains on; the job
+stops at the first step boundary after the decision. If the driver has not decided a trial's
+previous report when its next one arrives (storage slower than a report interval), the hook
+holds the dispatcher there until it has: a pruned trial never runs more than one report
+interval past the report that pruned it.
+
+Interruption (Ctrl-C, or SIGTERM while ``optimize`` runs in the main thread): every running
+trial's job is cancelled and the trial is told FAIL (user attribute ``xshare_error`` says it
+was interrupted), and its parameters are enqueued again (``study.enqueue_trial``), so the next
+``optimize`` on the same storage reruns them first. ``n_trials`` counts the study's *ended*
+trials (COMPLETE, PRUNED, FAIL), including those of earlier calls: calling ``optimize`` again
+after an interruption continues until ``n_trials`` have ended, rather than adding ``n_trials``
+more as ``study.optimize`` does.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import queue
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Sequence
+
+import optuna
+from optuna.trial import TrialState
+
+import xshare
+
+log = logging.getLogger("xshare.tune")
+
+DEFAULT_CONCURRENCY = 8     # trials running at once when not given: one fused group of 8
+GATE_TIMEOUT_S = 60.0       # the longest a job waits for its previous report's decision
+ENDED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+
+# Trial user attributes set by optimize (what the CLI's table and the tests read).
+ATTR_JOB, ATTR_STEPS, ATTR_ERROR, ATTR_PRUNED_AT = "xshare_job", "xshare_steps", "xshare_error", "xshare_pruned_at"
+
+
+class Interrupted(KeyboardInterrupt):
+    """Raised by ``optimize`` when Ctrl-C or SIGTERM stopped it (running trials told FAIL and
+    enqueued again); ``optimize`` again on the same storage continues the study."""
+
+
+@dataclass(eq=False)
+class _Running:
+    trial: optuna.Trial
+    metric: str
+    every: int | None                    # report when step % every == 0 (None: every value)
+    budget: int | None = None            # the job's steps (its last report is not judged)
+    handle: Any = None
+    last: tuple[int, float] | None = None   # the newest value of the metric: (steps, value)
+    stop: bool = False                   # the hook's answer: cancel at the next step boundary
+    pruned_at: int | None = None
+    missing: list[str] | None = None     # the metrics the job reports, when `metric` is not one
+    undecided: int = 0                   # reports queued, not yet decided by the driver
+    decided: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class _Driver:
+    def __init__(self, study, objective, n_trials, metric, report_every, concurrency, runtime,
+                 timeout, catch, callbacks):
+        self.study, self.objective, self.metric = study, objective, metric
+        self.report_every, self.catch, self.callbacks = report_every, catch, list(callbacks or ())
+        self.concurrency, self.timeout = concurrency, timeout
+        self.events: queue.SimpleQueue = queue.SimpleQueue()
+        self.running: dict[int, _Running] = {}
+        self.closing = False
+        self.pending: list = []
+        ended = len(study.get_trials(deepcopy=False, states=ENDED))
+        self.to_start = max(n_trials - ended, 0)
+        if isinstance(runtime, xshare.Runtime):
+            self.rt, self.owned = runtime, False
+        else:
+            self.rt, self.owned = None, True
+            self.runtime_kwargs = {"fuse": True, **dict(runtime or {})}
+
+    # ------------------------------------------------------------------ the dispatcher's side
+    def hook(self, r: _Running) -> Callable[[int, dict], bool]:
+        metric, every = self.metric, r.every
+        want_eval = metric.startswith("eval/")
+
+        def on_metrics(step: int, metrics: dict) -> bool:
+            if r.stop:
+                return True
+            value = metrics.get(metric)
+            if value is None:
+                # A notification of the metric's kind without it: the job never reports it.
+                if r.missing is None and want_eval == any(k.startswith("eval/") for k in metrics):
+                    r.missing, r.stop = sorted(metrics), True
+                return r.stop
+            r.last = (step, float(value))
+            if every is not None and step % every:
+                return False
+            if r.undecided and not self.closing:
+                r.decided.wait(GATE_TIMEOUT_S)  # see the module docstring: pruning latency
+            if r.stop:
+                return True
+            with r.lock:
+                r.undecided += 1
+                r.decided.clear()
+            self.events.put((r, step, float(value)))
+            return False
+
+        return on_metrics
+
+    # ------------------------------------------------------------------ the driver's loop
+    def run(self) -> None:
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        while True:
+            batch = self.pending = []  # asked, not yet submitted (abandon tells them too)
+            while (self.to_start > 0 and len(self.running) + len(batch) < self.concurrency
+                   and (deadline is None or time.monotonic() < deadline)):
+                self.to_start -= 1
+                started = self.start_one()
+                if started is not None:
+                    batch.append(started)
+                self.decide(block=False)  # (an objective can take a while: keep reports flowing)
+            if batch:
+                self.submit(batch)
+            self.pending = []
+            if not self.running:
+                return
+            self.decide(block=True)
+            for number, r in list(self.running.items()):
+                if r.handle.status() in ("done", "failed", "cancelled"):
+                    self.decide(block=False)  # its last reports were queued before it ended
+                    del self.running[number]
+                    self.finish(r)
+
+    def start_one(self) -> tuple[_Running, Any] | None:
+        """Ask a trial and build its job (submitted by ``submit``); None: it ended already."""
+        study = self.study
+        trial = study.ask()
+        try:
+            spec = self.objective(trial)
+            if not isinstance(spec, xshare.JobSpec):
+                raise TypeError(f"objective(trial) must return a bound job (step.bind(...)); "
+                                f"got {type(spec).__name__}")
+            if self.metric.startswith("eval/") and spec.eval_step is None:
+                raise ValueError(f"metric={self.metric!r} is an evaluation metric, but trial "
+                                 f"{trial.number}'s job has no eval_step; bind it with eval_step=..., "
+                                 "eval_data=..., eval_every=K, or tune on a train metric")
+        except optuna.TrialPruned:
+            self.tell(trial, TrialState.PRUNED)
+            return None
+        except KeyboardInterrupt:  # Ctrl-C inside the objective: this trial too is interrupted
+            trial.set_user_attr(ATTR_ERROR, "interrupted in its objective; its parameters were enqueued again")
+            self.study.tell(trial, state=TrialState.FAIL)
+            self.study.enqueue_trial(trial.params, skip_if_exists=False)
+            raise
+        except Exception as err:
+            trial.set_user_attr(ATTR_ERROR, f"objective raised: {type(err).__name__}: {err}")
+            self.tell(trial, TrialState.FAIL)
+            if isinstance(err, self.catch) and not _ours(err):
+                log.warning("trial %d failed in its objective: %s", trial.number, err)
+                return None
+            raise
+        every = self.report_every
+        if every is None and not self.metric.startswith("eval/"):
+            every = max(1, (spec.steps or 200) // 20)  # a train metric: 20 reports a trial
+        r = _Running(trial, self.metric, every, budget=spec.steps)
+        r.decided.set()
+        return r, spec.replace(name=f"trial-{trial.number}", on_metrics=self.hook(r))
+
+    def submit(self, batch: list) -> None:
+        """Submit the trials asked together in one call: jobs of one step submitted together
+        open their fused group at a capacity for all of them (one compile, not one per
+        doubling as they arrive one by one)."""
+        if self.rt is None:
+            self.rt = xshare.Runtime(**self.runtime_kwargs)
+        specs = [spec for _, spec in batch]
+        try:
+            handles = self.rt.submit_many(specs)
+        except ValueError:  # a name is taken in a runtime the caller shares across studies
+            specs = [s.replace(name=f"{self.study.study_name}-{s.name}") for s in specs]
+            handles = self.rt.submit_many(specs)
+        for (r, _), spec, handle in zip(batch, specs, handles):
+            r.handle = handle
+            r.trial.set_user_attr(ATTR_JOB, spec.name)
+            self.running[r.trial.number] = r
+
+    def decide(self, *, block: bool) -> None:
+        """Report queued values and ask the pruner; a pruned trial's hook answers True."""
+        try:
+            item = self.events.get(timeout=0.02) if block else self.events.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            r, step, value = item
+            if not r.stop:
+                r.trial.report(value, step)
+                # The report after the last step is not judged: stopping then saves nothing.
+                if (r.budget is None or step < r.budget) and r.trial.should_prune():
+                    r.pruned_at, r.stop = step, True
+            with r.lock:
+                r.undecided -= 1
+                if r.undecided == 0:
+                    r.decided.set()
+            try:
+                item = self.events.get_nowait()
+            except queue.Empty:
+                return
+
+    def finish(self, r: _Running) -> None:
+        h, trial = r.handle, r.trial
+        steps = h.progress().steps_done
+        trial.set_user_attr(ATTR_STEPS, steps)
+        status = h.status()
+        if r.missing is not None or (status == "done" and r.last is None):
+            seen = r.missing if r.missing is not None else sorted((h.progress().metrics or {}))
+            trial.set_user_attr(ATTR_ERROR, f"its job never reported {self.metric!r}")
+            self.tell(trial, TrialState.FAIL)
+            raise ValueError(f"metric={self.metric!r} is not a metric trial {trial.number}'s job "
+                             f"reports; it reports: {', '.join(seen) or '(nothing)'}. Name one of those "
+                             "(evaluation metrics are eval/<name>, from bind(..., eval_step=...))")
+        if r.pruned_at is not None and status != "failed":
+            # (Also when the job reached its end before the cancel landed: the decision stands.)
+            trial.set_user_attr(ATTR_PRUNED_AT, r.pruned_at)
+            self.tell(trial, TrialState.PRUNED)
+        elif status == "done":
+            self.tell(trial, TrialState.COMPLETE, r.last[1])
+        else:
+            trial.set_user_attr(ATTR_ERROR, h.error or f"its job was {status} after {steps} steps")
+            self.tell(trial, TrialState.FAIL)
+
+    def tell(self, trial: optuna.Trial, state: TrialState, value: float | None = None) -> None:
+        frozen = self.study.tell(trial, value, state=state) if state is TrialState.COMPLETE \
+            else self.study.tell(trial, state=state)
+        for callback in self.callbacks:
+            callback(self.study, frozen)
+
+    # ------------------------------------------------------------------ ending
+    def abandon(self, why: str, *, requeue: bool) -> None:
+        """Stop every running trial: cancel its job, tell FAIL (and enqueue its params again)."""
+        self.closing = True
+        for r in self.running.values():
+            r.stop = True
+            r.decided.set()  # a hook waiting on the driver goes on (and stops its job)
+        if self.rt is not None:
+            if self.owned:
+                self.rt.close()
+            else:
+                for r in self.running.values():
+                    try:
+                        r.handle.cancel()
+                    except Exception:  # noqa: BLE001 - already ended
+                        pass
+        for r in list(self.running.values()) + [r for r, _ in self.pending]:
+            try:
+                steps = r.handle.progress().steps_done if r.handle is not None else 0
+                r.trial.set_user_attr(ATTR_STEPS, steps)
+                r.trial.set_user_attr(ATTR_ERROR, f"{why} after {steps} steps"
+                                      + ("; its parameters were enqueued again" if requeue else ""))
+                self.study.tell(r.trial, state=TrialState.FAIL)
+                if requeue:
+                    self.study.enqueue_trial(r.trial.params, skip_if_exists=False)
+            except Exception as err:  # noqa: BLE001 - tell the others anyway
+                log.warning("could not tell trial %d: %s", r.trial.number, err)
+        self.running.clear()
+        self.pending = []
+
+    def close(self) -> None:
+        if self.owned and self.rt is not None:
+            self.rt.close()
+
+
+def _ours(err: BaseException) -> bool:
+    """Errors optimize itself raises about the objective's return value (never caught)."""
+    text = str(err)
+    return "objective(trial) must return" in text or "is an evaluation metric" in text
+
+
+def optimize(study: optuna.Study, objective: Callable[[optuna.Trial], Any], n_trials: int, *,
+             metric: str, report_every: int | None = None, concurrency: int | None = None,
+             runtime: "xshare.Runtime | dict | None" = None, timeout: float | None = None,
+             catch: Iterable[type[BaseException]] | type[BaseException] = (),
+             callbacks: Sequence[Callable[[optuna.Study, Any], None]] | None = None) -> optuna.Study:
+    """Run ``study``'s trials as jobs of one Runtime until ``n_trials`` of its trials have ended.
+
+    Args:
+      study: an Optuna study with one objective (any sampler, pruner and storage).
+      objective: ``objective(trial) -> JobSpec``: a bound job built from ``trial.suggest_*``. It may
+        raise ``optuna.TrialPruned`` (the trial is PRUNED) or another error (FAIL; re-raised
+        unless its type is in ``catch``).
+      n_trials: the study's ended trials (COMPLETE, PRUNED, FAIL) to reach, counting earlier
+        calls' (so a call after an interruption continues the study).
+      metric: the metric that judges a trial: an evaluation metric (``"eval/accuracy"``, from
+        ``bind(..., eval_step=..., eval_every=K)``) or a train metric (``"loss"``). Each new value
+        is reported with ``trial.report(value, steps_done)``; the trial's value is the last one.
+      report_every: report only values at steps divisible by this (default: every evaluation;
+        for a train metric, 20 reports over the job's steps).
+      concurrency: trials running at once (default 8: one fused group).
+      runtime: a ``Runtime`` to use (left open), or keyword arguments for one (default
+        ``{"fuse": True}``: trials of one program step as one vmapped executable).
+      timeout: seconds after which no new trial starts (running ones finish).
+      catch: exception types from ``objective`` that fail the trial but not the study.
+      callbacks: ``callback(study, frozen_trial)`` after each trial is told.
+
+    A job that fails fails its trial (FAIL, its error in the ``xshare_error`` user attribute);
+    the study goes on. A metric the job never reports is a ``ValueError`` naming the metrics it
+    does report. Returns ``study``.
+    """
+    if not isinstance(study, optuna.Study):
+        raise TypeError(f"study must be an optuna.Study (optuna.create_study(...)); got {type(study).__name__}")
+    if len(study.directions) != 1:
+        raise ValueError(f"study {study.study_name!r} has {len(study.directions)} objectives; "
+                         "xshare.tune.optimize runs single-objective studies (one metric)")
+    for name, value, low in (("n_trials", n_trials, 1), ("report_every", report_every, 1),
+                             ("concurrency", concurrency, 1)):
+        if value is None and name != "n_trials":
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise ValueError(f"{name}={value!r} must be a positive int")
+    if not isinstance(metric, str) or not metric:
+        raise ValueError(f"metric={metric!r} must name a metric the job reports (e.g. 'eval/accuracy')")
+    if timeout is not None and (not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout <= 0):
+        raise ValueError(f"timeout={timeout!r} must be a positive number of seconds, or None")
+    if runtime is not None and not isinstance(runtime, (dict, xshare.Runtime)):
+        raise TypeError(f"runtime must be an xshare.Runtime or a dict of its arguments; got {type(runtime).__name__}")
+    catch = (catch,) if isinstance(catch, type) else tuple(catch)
+    driver = _Driver(study, objective, n_trials, metric, report_every, concurrency or DEFAULT_CONCURRENCY,
+                     runtime, timeout, catch, callbacks)
+    with _sigterm_as_interrupt():
+        try:
+            driver.run()
+        except KeyboardInterrupt:
+            driver.abandon("interrupted", requeue=True)
+            raise Interrupted("xshare.tune.optimize was interrupted; running trials were told FAIL "
+                              "and enqueued again: optimize again on the same storage continues") from None
+        except BaseException:
+            driver.abandon("stopped: the study raised", requeue=False)
+            raise
+        finally:
+            driver.close()
+    return study
+
+
+class _sigterm_as_interrupt:
+    """SIGTERM raises KeyboardInterrupt while optimize runs (main thread only), so both end
+    the study the same way; the previous handler comes back afterwards."""
+
+    def __enter__(self):
+        self.previous = None
+        if threading.current_thread() is threading.main_thread():
+            def handler(signum, frame):
+                raise KeyboardInterrupt
+            self.previous = signal.signal(signal.SIGTERM, handler)
+        return self
+
+    def __exit__(self, *exc):
+        if self.previous is not None:
+            signal.signal(signal.SIGTERM, self.previous)
+        return False
