@@ -28,8 +28,7 @@ def test_zoo_factories_take_eval_every(tmp_path):
         assert [r["step"] for r in rows if names[1] in r] == list(range(every - 1, steps, every))
     # Held out: eval batches come from steps no job trains on.
     data = mlp.TeacherData(8, 0)
-    held = common.eval_kwargs(mlp.MLP(8, 1, rngs=__import__("flax").nnx.Rngs(0)), common.classification_loss,
-                              data, 5, name="mlp")["eval_data"]
+    held = common.eval_kwargs(common.classification_loss, data, 5, name="mlp")["eval_data"]
     np.testing.assert_array_equal(held[0]["x"], data(common.HELD_OUT_STEP)["x"])
     assert mlp.make_job(steps=2).eval_step is None  # off unless asked
 
