@@ -171,20 +171,26 @@ def _child_naive(kind: str, n: int, steps: int) -> dict:
     jax.block_until_ready([jax.tree.leaves(s.state) for s in specs])
     t0 = time.perf_counter()  # states built; before the first compile
     if kind.endswith("plain"):
-        finals, jitted = [], []
-        shared = jax.jit(specs[0].fn, donate_argnums=0)
+        finals, traces = [], [0]
+
+        def counted(fn):
+            def step(state, batch):  # runs once per trace, i.e. once per compile of the step
+                traces[0] += 1
+                return fn(state, batch)
+            return step
+
+        shared = jax.jit(counted(specs[0].fn), donate_argnums=0)
         for spec in specs:
             # As users run a sweep: each job its own jitted step (its tx is its own object, so
             # the trace differs), except the inject form, whose one step serves every job.
-            f = shared if kind == "inject-plain" else jax.jit(spec.fn, donate_argnums=0)
-            jitted.append(f)
+            f = shared if kind == "inject-plain" else jax.jit(counted(spec.fn), donate_argnums=0)
             s = jax.tree.map(lambda x: jax.numpy.array(x, copy=True), spec.state)
             for k in range(steps):
                 s, _ = f(s, spec.data(k))
             finals.append(jax.device_get(s))
-        # the step's compiles: each jitted function's cache entries (a TrainState whose tx is
-        # another object is another cache entry, as in the program key users hit today)
-        n_compiles = sum(f._cache_size() for f in {id(f): f for f in jitted}.values())
+        # the step's compiles: its traces (a TrainState whose tx is another object, or whose
+        # step went from a Python int to an array, is another trace and compile)
+        n_compiles = traces[0]
     else:
         before = PROGRAMS.compiles
         with xshare.Runtime(policy="pack", memory="8GiB", fuse=True) as rt:
@@ -293,7 +299,7 @@ NAIVE_COLUMNS = ["N", "steps/job", "way", "e2e s", "speed vs naive-plain (x)", "
 NAIVE_NOTES = """e2e: fresh process per run; the clock starts when every job's initial state is built
 (before the first compile) and stops when every final state is on the host; the same points for
 every way. speed: median of per-repeat ratios (reference time / this way's; > 1 = faster).
-compiles: compiles of the train step (the jitted steps' cache entries for the plain loops, the
+compiles: compiles of the train step (the plain loops' traces of it, one per jit cache miss; the
 runtime's XLA compile count for xshare; xshare's slot-move helpers are not counted)."""
 
 COLUMNS = ["N", "steps/job", "way", "e2e s", "speed vs plain (x)", "speed vs hand vmap (x)", "peak RSS MiB", "note"]

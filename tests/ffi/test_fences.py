@@ -254,7 +254,7 @@ def test_fenced_mlp_step_adds_no_copy_of_the_donated_state(ring):
     the new state in place made XLA copy it out of its donated buffers (16 copies, 2x temp).
     On the shipped MLP job (Adam state included), in the flat-leaf form the runtime compiles,
     with the identity as data."""
-    from models import mlp
+    from xshare.models import mlp
 
     spec = mlp.make_job(width=64)
     state_leaves, state_def = jax.tree.flatten(spec.state)

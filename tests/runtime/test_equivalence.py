@@ -7,7 +7,7 @@ import pytest
 from flax import nnx
 
 import xshare
-from models import mlp
+from xshare.models import mlp
 from tests.helpers import assert_trees_equal, plain_loop
 
 

@@ -18,7 +18,7 @@ from urllib.parse import quote
 import pytest
 
 from xshare.runtime import server as server_mod
-from xshare.runtime import status as status_mod
+from xshare.runtime import schema as status_mod
 from xshare.runtime.server import MAX_BODY_BYTES, discover
 
 from tests.status import ODD, get_status, job_row, request, runtime_dir, serving, wait_for  # noqa: F401
@@ -95,7 +95,7 @@ def _document(**job: Any) -> dict[str, Any]:
                     "fences": True, "quantum": 1, "closed": False},
         "device": {"platform": "cpu", "kind": "cpu", "id": 0, "name": None, "utilization_percent": None,
                    "memory_used_bytes": None, "memory_total_bytes": None},
-        "arena": {**{k: 0 for k in ("capacity_bytes", "committed_bytes", "free_bytes", "largest_gap_bytes",
+        "arena": {**{k: 0 for k in ("capacity_bytes", "committed_bytes", "free_bytes",
                                     "peak_in_flight_bytes", "queued_jobs")}, "capacity_source": "memory=", "queue": []},
         "lanes": [],
         "jobs": [{"name": "a", "id": 0, "status": "running", "paused": False, "lane": 0, "priority": 0,

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import jax
 
 from xshare.runtime import nvml
-from xshare.runtime.status import validate
+from xshare.runtime.schema import validate
 
 from tests.status import runtime_dir, serving  # noqa: F401
 

@@ -11,15 +11,17 @@ checkpoints stay valid). Either way ``--resume RUN_DIR`` continues.
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-EXIT_OK, EXIT_JOB_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+from xshare._errors import error_line
+from xshare.cli.rundir import (  # noqa: F401 - EXIT_* are launch's public exit codes
+    EXIT_INTERRUPTED, EXIT_JOB_FAILED, EXIT_OK, EXIT_USAGE, check_out as _check_out,
+    check_ports as _check_ports, cwd_on_path as _cwd_on_path, make_run_dir as _make_run_dir,
+    resolved as _resolved, usage_error as _usage_error)
 _POLL_S = 0.25  # how long each rt.wait() blocks; the live table redraws about 4 times a second
 _PLAIN_EVERY_S = 5.0  # off a terminal: one line per job this often
 
@@ -183,99 +185,6 @@ def _plan(args: argparse.Namespace, specs: Any) -> Any:
     if ":" in target:
         return specs.plan_entry(target, over)
     raise specs.SpecError(f"{target!r} is neither a spec file (SPEC.toml) nor an entry point (module:function)")
-
-
-def _usage_error(message: str) -> int:
-    print(f"xshare launch: error: {message}", file=sys.stderr)
-    return EXIT_USAGE
-
-
-def _cwd_on_path() -> None:
-    """Like Hydra: modules next to where the user runs ``xshare`` resolve (``my_exp:make_job``)."""
-    if "" not in sys.path and str(Path.cwd()) not in sys.path:
-        sys.path.insert(0, str(Path.cwd()))
-
-
-def _check_out(out: str | None) -> str | None:
-    """Why ``--out`` cannot be a run directory (checked before anything is created), or None."""
-    if not out:
-        return None
-    path = Path(out)
-    for p in (path, *path.parents):
-        if p.exists():
-            if not p.is_dir():
-                return (f"--out {out}: {p} exists and is not a directory; give a new or existing "
-                        "directory for the run")
-            if not os.access(p, os.W_OK | os.X_OK):
-                return f"--out {out}: cannot write in {p}; give a directory you can write to"
-            return None
-    return None
-
-
-def _check_ports(port: int) -> str | None:
-    """Why ``--status-port`` cannot be served (range, or in use on loopback), or None."""
-    if port == -1 or port == 0:
-        return None
-    if not 0 < port <= 65535:
-        return f"--status-port {port} must be 1..65535, 0 (any free port) or -1 (off)"
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError as err:
-            return (f"--status-port {port}: 127.0.0.1:{port} cannot be bound ({err.strerror}); "
-                    "pick another port, 0 for any free one, or -1 for none")
-    return None
-
-
-class _Made:
-    """What launch created for a run directory, so that a refused launch removes exactly that
-    (a pre-existing --out keeps whatever it held before)."""
-
-    def __init__(self, path: Path, top: Path | None, before: set[str]):
-        self.path, self.top, self.before = path, top, before
-
-    def undo(self) -> None:
-        import shutil
-
-        if self.top is not None:
-            shutil.rmtree(self.top, ignore_errors=True)
-            return
-        for entry in self.path.iterdir() if self.path.is_dir() else ():
-            if entry.name not in self.before:
-                if entry.is_dir() and not entry.is_symlink():
-                    shutil.rmtree(entry, ignore_errors=True)
-                else:
-                    entry.unlink(missing_ok=True)
-
-
-def _make_run_dir(out: str | None, stem: str) -> tuple[Path, _Made]:
-    if out:
-        path = Path(out)
-        top = next((p for p in reversed((path, *path.parents)) if not p.exists()), None)
-        before = {e.name for e in path.iterdir()} if path.is_dir() else set()
-        path.mkdir(parents=True, exist_ok=True)
-        return path, _Made(path, top, before)
-    base = Path("runs") / f"{_dt.datetime.now():%Y%m%d-%H%M%S}-{stem}"
-    top = Path("runs") if not Path("runs").exists() else None
-    path, n = base, 1
-    while True:
-        try:
-            path.mkdir(parents=True)
-            return path, _Made(path, top or path, set())
-        except FileExistsError:  # two launches in the same second
-            n += 1
-            path = base.with_name(f"{base.name}-{n}")
-
-
-def _resolved(plan: Any, run_dir: Path) -> dict[str, Any]:
-    return {
-        **plan.to_json(),
-        "created": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "run_dir": str(run_dir),
-        "argv": sys.argv,
-    }
 
 
 def _run(plan: Any, jobs: list[Any], run_dir: Path, out: Any, args: argparse.Namespace,
@@ -446,25 +355,6 @@ def _interrupted() -> None:
         raise KeyboardInterrupt
 
 
-class _sigterm_as_interrupt:
-    """SIGTERM (a scheduler preempting the launch) takes the same graceful path as Ctrl-C."""
-
-    def __enter__(self) -> None:
-        import signal
-
-        def handler(signum: int, frame: Any) -> None:
-            raise KeyboardInterrupt
-
-        self._signal = signal
-        try:
-            self._old = signal.signal(signal.SIGTERM, handler)
-        except ValueError:  # not the main thread (e.g. called from a test thread): leave it
-            self._old = None
-
-    def __exit__(self, *exc: Any) -> None:
-        if self._old is not None:
-            self._signal.signal(self._signal.SIGTERM, self._old)
-
 
 def _cancel(handles: list[Any]) -> None:
     for h in handles:
@@ -500,9 +390,8 @@ def _summary(handle: Any, run_dir: Path, first_seen: dict[str, dict[str, float]]
         except Exception as err:
             error = f"{type(err).__name__}: {err}"
     if error:
-        # The cause, not the traceback (that is in log.txt): the last non-empty line says it.
-        lines = [line for line in str(error).strip().splitlines() if line.strip()]
-        error = lines[-1].strip() if lines else str(error)
+        # The cause, not the traceback (that is in log.txt), on one line.
+        error = error_line(error)
     first = _first_metrics(run_dir / p.name / "metrics.jsonl") or first_seen.get(p.name)
     final = render.pick_loss(p.metrics)
     first_loss = render.pick_loss(first)

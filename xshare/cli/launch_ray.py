@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from typing import Any
 
-EXIT_OK, EXIT_JOB_FAILED, EXIT_USAGE = 0, 1, 2
+from xshare.cli.rundir import EXIT_JOB_FAILED, EXIT_OK
 _EVERY_S = 5.0
 
 
@@ -28,7 +27,7 @@ def run(plan: Any, args: argparse.Namespace) -> int:
     import logging
 
     from xshare._errors import XShareError
-    from xshare.cli.launch import _make_run_dir, _resolved, _usage_error
+    from xshare.cli.rundir import make_run_dir, resolved, usage_error as _usage_error
     from xshare.service.jobs import requests_from_plan
 
     try:
@@ -38,13 +37,14 @@ def run(plan: Any, args: argparse.Namespace) -> int:
     if args.actors is not None and args.actors < 1:
         return _usage_error(f"--actors {args.actors} must be >= 1")
     requests = requests_from_plan(plan)
-    run_dir, _ = _make_run_dir(args.out, plan.stem)
-    (run_dir / "spec.json").write_text(json.dumps({**_resolved(plan, run_dir), "ray": True}, indent=2,
-                                                  default=str) + "\n")
     try:
         ray.init(address=args.address, namespace="xshare", logging_level=logging.WARNING, log_to_driver=False)
     except Exception as err:  # noqa: BLE001 - Ray's own message says which address and why
+        # (before the run directory exists: a refused launch leaves nothing behind)
         return _usage_error(f"cannot connect to Ray at {args.address or 'a new local cluster'}: {err}")
+    run_dir, _ = make_run_dir(args.out, plan.stem)
+    (run_dir / "spec.json").write_text(json.dumps({**resolved(plan, run_dir), "ray": True}, indent=2,
+                                                  default=str) + "\n")
     from xshare.service.ray_actors import run_sweep
 
     gpus = int(ray.cluster_resources().get("GPU", 0))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Callable, Sequence
+from typing import Sequence
 
 
 def add_launch(subparsers: argparse._SubParsersAction) -> None:
@@ -156,13 +156,6 @@ def add_service(subparsers: argparse._SubParsersAction) -> None:
     submit.add_undeploy_arguments(parser)
     parser.set_defaults(func=submit.run_undeploy)
 
-
-def _not_yet(command: str) -> Callable[[argparse.Namespace], int]:
-    def run(args: argparse.Namespace) -> int:
-        print(f"xshare {command}: not yet available", file=sys.stderr)
-        return 2
-
-    return run
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -16,8 +16,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from xshare.cli.launch import (EXIT_INTERRUPTED, EXIT_JOB_FAILED, EXIT_OK, EXIT_USAGE, _check_out,
-                               _check_ports, _cwd_on_path, _make_run_dir)
+from xshare.cli.rundir import (EXIT_INTERRUPTED, EXIT_JOB_FAILED, EXIT_OK, EXIT_USAGE)
+from xshare.cli.rundir import check_out as _check_out
+from xshare.cli.rundir import check_ports as _check_ports
+from xshare.cli.rundir import cwd_on_path as _cwd_on_path
+from xshare.cli.rundir import make_run_dir as _make_run_dir
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from .._errors import error_line
 from .records import JobRecord
 
 
@@ -20,12 +21,5 @@ def dispatch_error(job: JobRecord, step: int, batch: Any, err: Exception) -> str
 
 
 def short_error(err: BaseException) -> str:
-    """``Type: message`` on one line; for XLA's wrapped errors (a host callback's traceback inside
-    a JaxRuntimeError) the last line, which names the original exception. The full text goes to
-    the job's log."""
-    lines = [ln for ln in str(err).strip().splitlines() if ln.strip()]
-    if not lines:
-        return type(err).__name__
-    if len(lines) == 1:
-        return f"{type(err).__name__}: {lines[0]}"
-    return f"{type(err).__name__}: {lines[0][:120]} ... {lines[-1].strip()}"
+    """``Type: message`` on one line (``xshare._errors.error_line``)."""
+    return error_line(err)

@@ -25,10 +25,8 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 _ARENA = (("capacity", "Bytes the arena may hand out to lanes."),
           ("committed", "Bytes held by lanes: the most the admitted jobs can use at once."),
           ("free", "Bytes of the arena held by no lane."),
-          ("largest_gap", "The largest free interval of the arena, in bytes."),
           ("peak_in_flight", "Peak of the bytes that could be in use at once (persistent + ephemeral of busy lanes)."))
-_LANE = (("offset_bytes", "Where the lane starts in the arena."),
-         ("size_bytes", "Bytes the lane holds: its jobs' persistent bytes plus one ephemeral region."),
+_LANE = (("size_bytes", "Bytes the lane holds: its jobs' persistent bytes plus one ephemeral region."),
          ("persistent_bytes", "Persistent (state + staged batch) bytes of the lane's resident jobs."),
          ("ephemeral_bytes", "The lane's ephemeral region: the largest ephemeral need of its jobs."),
          ("ephemeral_peak_bytes", "The largest ephemeral region the lane has had."),
@@ -69,7 +67,7 @@ def families(doc: Mapping[str, Any]) -> Iterator[Metric]:
             yield GaugeMetricFamily(name, help_, value)
 
     for key, help_ in _ARENA:
-        if arena.get(f"{key}_bytes") is not None:  # largest_gap: only runtimes that kept offsets
+        if arena.get(f"{key}_bytes") is not None:
             yield GaugeMetricFamily(f"xshare_arena_{key}_bytes", help_, arena[f"{key}_bytes"])
     yield GaugeMetricFamily("xshare_arena_queued_jobs", "Jobs waiting for memory in the arena's queue.",
                             arena["queued_jobs"])

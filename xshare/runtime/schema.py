@@ -76,7 +76,7 @@ STATUS_SCHEMA: dict[str, Any] = {
             "peak_in_flight_bytes": _NN_INT,
             "queued_jobs": _NN_INT,
             "queue": {"type": "array", "items": {"type": "string"}},
-        }, optional={"largest_gap_bytes": _NN_INT}),  # runtimes that kept fictional offsets
+        }),
         "lanes": {"type": "array", "items": _obj({
             "id": _NN_INT,
             "size_bytes": _NN_INT,
@@ -87,7 +87,7 @@ STATUS_SCHEMA: dict[str, Any] = {
             "steps_in_flight": _NN_INT,
             "jobs": {"type": "array", "items": {"type": "string"}},
             "swapped_jobs": {"type": "array", "items": {"type": "string"}},
-        }, optional={"offset_bytes": _NN_INT})},
+        })},
         "jobs": {"type": "array", "items": _obj({
             "name": {"type": "string"},
             "id": _NN_INT,

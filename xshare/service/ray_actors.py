@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from .._errors import error_line
 from .jobs import JobRequest
 
 log = logging.getLogger("xshare.ray")
@@ -131,9 +132,9 @@ def run_sweep(requests: list[JobRequest], *, run_dir: str, actors: int = 2, memo
                     except ray.exceptions.RayActorError:
                         continue  # died meanwhile: these stay pending, the next poll removes it
                     except Exception as err:  # noqa: BLE001 - cannot build: refuse them, keep the rest
-                        why = str(err).strip().splitlines()
+                        why = error_line(err, with_type=False)
                         for n in names:
-                            sweep.refused[n] = why[-1] if why else type(err).__name__
+                            sweep.refused[n] = why
                     else:
                         for n in names:
                             sweep.owner[n] = actor

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .._errors import AdmissionError, SpecError, XShareError
+from .._errors import AdmissionError, SpecError, XShareError, error_line
 from .jobs import JobRequest, RequestError, loads
 
 log = logging.getLogger("xshare.service")
@@ -252,8 +252,7 @@ def _unique(name: str, taken: set[str]) -> str:
 
 
 def _one_line(err: BaseException) -> str:
-    lines = [line.strip() for line in str(err).strip().splitlines() if line.strip()]
-    return lines[0] if lines else type(err).__name__
+    return error_line(err, with_type=False)
 
 
 __all__ = ["Service", "JOURNAL", "MODELS_JOURNAL", "STATE", "ANNOUNCE"]
