@@ -155,8 +155,9 @@ arena here, so `pack`/`fair` give each job its own lane and run them concurrentl
 lanes' executions run in parallel threads on the {info.get('cores')} cores).
 
 The oracle: a zero-overhead preemptive SRTF computed in this run from the same trace (arrival
-times) and each job's service time measured under fifo (its run alone, start to end, median over
-the fifo replays): no compile, no submit, no switch cost. `srtf` reaches
+times) and each job's service time measured under fifo (one job at a time: from when it could
+start, its submission or the previous job's end, to its end; median over the fifo replays): no
+compile, no submit delay, no switch cost. `srtf` reaches
 {_pct(summary.get("srtf_vs_oracle"))} of it (oracle average JCT / srtf average JCT).
 
 Per-job JCT, first replay of each policy:
@@ -177,15 +178,20 @@ Per-job JCT, first replay of each policy:
 
 def srtf_oracle(trace: list, fifo: list[dict[str, Any]]) -> dict[str, Any] | None:
     """Average JCT of a zero-overhead preemptive SRTF on one device: the trace's arrivals, each
-    job's service time its median run under fifo (exclusive, so the run is its service)."""
+    job's service time measured under fifo. Fifo runs one job at a time in submission order, so
+    a job's service is from when it could start (its submission, or the previous job's end,
+    whichever is later) to its end: its steps, host work included, with no switch, no compile
+    and no waiting (median over the fifo replays)."""
     service: dict[str, list[float]] = {}
     for replay in fifo:
-        for j in replay["jobs"]:
-            if j.get("run_s") is not None:
-                service.setdefault(j["name"], []).append(j["run_s"])
+        prev = 0.0
+        for j in sorted(replay["jobs"], key=lambda j: j["submitted_s"]):
+            start = max(j["submitted_s"], prev)
+            service.setdefault(j["name"], []).append(max(j["completion_s"] - start, 0.0))
+            prev = j["completion_s"]
     if any(j.name not in service for j in trace):
         return None
-    jobs = sorted(((j.arrival_s, H.median(service[j.name]), j.name) for j in trace))
+    jobs = sorted((j.arrival_s, H.median(service[j.name]), j.name) for j in trace)
     return simulate_srtf(jobs)
 
 

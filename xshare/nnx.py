@@ -61,6 +61,7 @@ class NnxJob:
         # the runtime traces the step once for a whole sweep (its trace memo is keyed by Job,
         # as jax.jit's is by function), and their programs fuse.
         self._pure: OrderedDict[Any, Job] = OrderedDict()
+        self._evals: OrderedDict[tuple, Callable] = OrderedDict()   # (graphdef, eval_step) -> pure eval
         self._lock = threading.Lock()  # a service may bind from several request threads
         functools.update_wrapper(self, fn)
 
@@ -103,16 +104,27 @@ class NnxJob:
         pure = self._pure_job(graphdef)
         kwargs = dict(more)
         if eval_step is not None:
-            if "eval_step" not in inspect.signature(Job.bind).parameters:
-                # TODO(eval): xshare.Job.bind has no eval_step yet (issue 22, item 4).
-                raise TypeError(f"{self!r}.bind(eval_step=...) needs xshare.Job.bind's eval_step, "
-                                f"which this version of xshare does not have yet")
-            kwargs["eval_step"] = _pure_eval(graphdef, eval_step)
+            kwargs["eval_step"] = self._pure_eval(graphdef, eval_step)
         spec = pure.bind(state, data, steps=steps, name=name,
                          priority=priority, nan_policy=nan_policy, meta=meta, observer=observer,
                          **kwargs)
         _probe(pure, state, data)
         return spec.replace(result_transform=_Rebuild(graphdef, single))
+
+    def _pure_eval(self, graphdef: Any, eval_step: Callable) -> Callable:
+        """One pure eval function per (structure, eval_step), like the pure step: a sweep's
+        binds share it, so its evaluation traces once (the eval memo is keyed by function)."""
+        try:
+            hash(graphdef)
+        except TypeError:
+            return _pure_eval(graphdef, eval_step)
+        with self._lock:
+            fn = self._evals.get((graphdef, eval_step))
+            if fn is None:
+                fn = self._evals[(graphdef, eval_step)] = _pure_eval(graphdef, eval_step)
+                while len(self._evals) > _PURE_STEPS_MAX:
+                    self._evals.popitem(last=False)
+            return fn
 
     def _pure_job(self, graphdef: Any) -> Job:
         try:
