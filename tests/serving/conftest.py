@@ -44,9 +44,21 @@ def affine_spec(**kw):
 _DIRECT = jax.jit(mlp_predict)
 
 
-def direct_mlp(x: np.ndarray) -> dict[str, np.ndarray]:
-    """predict(params, x) computed directly, as a user would without xshare."""
-    return {k: np.asarray(v) for k, v in _DIRECT(mlp_params(), {"x": x}).items()}
+def served_bucket(n: int, buckets: tuple = (1, 4, 16)) -> int:
+    """The padded batch size a lone request of ``n`` rows runs in (mlp_spec's default buckets)."""
+    return min(b for b in buckets if b >= n)
+
+
+def direct_mlp(x: np.ndarray, bucket: int | None = None) -> dict[str, np.ndarray]:
+    """predict(params, x) computed directly, as a user would without xshare, over the rows as
+    the runtime ran them: ``x`` zero-padded to ``bucket`` rows (default: the bucket a lone
+    request of its size lands in), then cut back to its own rows. That is the bit-for-bit
+    guarantee: XLA may pick another kernel for another row count (jax 0.12 does for this MLP),
+    so predict over ``x`` alone agrees to rounding only (tests assert that apart)."""
+    n = len(x)
+    b = served_bucket(n) if bucket is None else bucket
+    padded = np.concatenate([x, np.zeros((b - n, *x.shape[1:]), x.dtype)]) if b > n else x
+    return {k: np.asarray(v)[:n] for k, v in _DIRECT(mlp_params(), {"x": padded}).items()}
 
 
 def rows(n: int, seed: int = 0) -> np.ndarray:

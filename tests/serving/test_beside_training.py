@@ -116,8 +116,10 @@ def test_stop_answers_every_queued_request_before_it_closes():
     waiting = [m.submit({"x": rows(2, seed=k)}) for k in range(3)]
     assert not any(f.done() for f in waiting)
     rt.stop()
+    # answered as one batch: the three requests' 6 rows, in arrival order, in the 16-row bucket
+    batch = direct_mlp(np.concatenate([rows(2, seed=k) for k in range(3)]), bucket=16)["y"]
     for k, f in enumerate(waiting):
-        np.testing.assert_array_equal(f.result(0)["y"], direct_mlp(rows(2, seed=k))["y"])
+        np.testing.assert_array_equal(f.result(0)["y"], batch[2 * k:2 * k + 2])
     with pytest.raises(xshare.InferError, match="takes no requests"):
         m.infer({"x": rows(1)})
 

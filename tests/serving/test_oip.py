@@ -47,7 +47,8 @@ def test_single_requests_equal_predict_computed_directly_in_every_bucket(served,
     for n in (1, 2, 3, 4, 5, 9, 16):  # buckets 1, 4, 4, 4, 16, 16, 16: padded but for 1, 4, 16
         x = rows(n, seed=n)
         got = infer_mlp(client, x, binary=binary)
-        want = direct_mlp(x)
+        want = direct_mlp(x)  # over the rows as they ran: padded to the request's bucket
+        np.testing.assert_allclose(got["y"], direct_mlp(x, bucket=n)["y"], rtol=1e-5, atol=1e-5)  # unpadded
         assert got["y"].shape == (n, D_OUT) and got["argmax"].shape == (n,)  # no padded row leaks
         assert got["y"].dtype == np.float32 and got["argmax"].dtype == np.int32
         np.testing.assert_array_equal(got["y"], want["y"])  # bit for bit
@@ -96,12 +97,10 @@ def test_concurrent_requests_batch_together_and_each_gets_its_own_rows(served):
         # predict computed directly over these 8 rows (this request's first, the others after):
         # this request's rows are bit-identical to it, wherever they sat in the batch.
         others = [y for j, y in enumerate(xs) if j != i]
-        np.testing.assert_array_equal(answers[i], direct_mlp(np.concatenate([x, *others]))["y"][:len(x)])
-        if len(x) > 1:  # and to predict over this request's rows alone
-            np.testing.assert_array_equal(answers[i], direct_mlp(x)["y"])
-        # XLA:CPU computes a 1-row product with another kernel (gemv) than a batch (gemm): a
-        # single row batched with others agrees with it computed alone to rounding, not bits.
-        np.testing.assert_allclose(answers[i], direct_mlp(x)["y"], rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(answers[i], direct_mlp(np.concatenate([x, *others]), bucket=8)["y"][:len(x)])
+        # Over this request's rows alone XLA:CPU may use another kernel (a 1-row product is a
+        # gemv; jax 0.12 also changes kernels between row counts): rounding, not bits.
+        np.testing.assert_allclose(answers[i], direct_mlp(x, bucket=len(x))["y"], rtol=1e-5, atol=1e-5)
 
 
 def test_in_process_handle_batches_like_http(served):
