@@ -171,7 +171,8 @@ def test_fused_members_share_one_vmapped_evaluation(tmp_path):
 
     first = run(tmp_path / "a")  # (its vmapped eval compiles in the background meanwhile)
     import time
-    futures = [f for p in evaluation._MEMO[linreg_eval].values() for f in p._stacked.values()]
+    from xshare.runtime import eval_programs
+    futures = [f for p in eval_programs._MEMO[linreg_eval].values() for f in p._stacked.values()]
     deadline = time.monotonic() + 120
     while futures and not all(f.done() for f in futures) and time.monotonic() < deadline:
         time.sleep(0.05)
