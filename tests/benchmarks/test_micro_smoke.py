@@ -23,7 +23,8 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = [("switch_latency", [], "switch_latency"), ("fence_overhead", [], "fence_overhead"),
            ("jct_trace", [], "jct_trace"), ("footprint_accuracy", [], "footprint_accuracy"),
            ("fusion", [], "fusion"), ("fusion", ["--sweep", "naive"], "fusion_naive"),
-           ("relaunch", [], "relaunch"), ("scale", [], "scale"), ("top_startup", [], "top_startup")]
+           ("relaunch", [], "relaunch"), ("scale", [], "scale"), ("top_startup", [], "top_startup"),
+           ("preemption", [], "preemption")]
 
 
 def _run(name: str, out: Path, extra: list[str]) -> subprocess.CompletedProcess:
