@@ -210,12 +210,17 @@ def test_jobs_cancelled_while_compiling_log_cleanly_and_leak_no_file(tmp_path, c
     """A cancel that lands before the compile pool has opened the job's files: its last log
     line must not turn its logging off, and the metrics file opened afterwards must not leak."""
     caplog.set_level(logging.WARNING, "xshare.runtime")
-    with xshare.Runtime(policy="pack", memory="256MiB", log_dir=tmp_path) as rt:
+    with xshare.Runtime(policy="pack", memory="256MiB", log_dir=tmp_path, compile_workers=1) as rt:
         rt.submit(linreg_step.bind(linreg_state(), linreg_data(), steps=2, name="warm"))
         assert rt.wait(timeout=60)
         fds = len(os.listdir("/proc/self/fd"))
+        # Hold the compile pool's one worker, so every cancel lands before its job's prepare
+        # (with a warm program cache a prepare can otherwise win the race and run steps).
+        gate = threading.Event()
+        rt._pool.submit(gate.wait, 60)
         for k in range(30):
             rt.cancel(rt.submit(linreg_step.bind(linreg_state(), linreg_data(), steps=200, name=f"c{k}")))
+        gate.set()
         assert rt.wait(timeout=60)
         rt._pool.submit(lambda: None).result(timeout=60)  # every _prepare has run
         assert rt.recorder.flush()
