@@ -129,6 +129,11 @@ SRTF = [
          (job(1, steps_left=10), job(2, steps_left=5)), {0: 2}),
     Case("time not steps", "remaining = steps_left * step_time_s: 10 x 0.1 s beats 5 x 1 s",
          (job(1, steps_left=10, step_time_s=0.1), job(2, steps_left=5, step_time_s=1.0)), {0: 1}),
+    Case("host time counts", "remaining = steps_left * (step_time_s + host_s): on a host-bound "
+         "CPU 4000 cheap steps (30 us device + 45 us host) outlast 900 costly ones (200 + 45 us), "
+         "though by device time alone they look shorter",
+         (job(1, steps_left=4000, step_time_s=30e-6, host_s=45e-6),
+          job(2, steps_left=900, step_time_s=200e-6, host_s=45e-6)), {0: 2}),
     Case("unknown length last", "steps_left None counts as infinite",
          (job(1, steps_left=None), job(2, steps_left=1000)), {0: 2}),
     Case("all unknown by arrival", "infinite ties fall back to arrival",

@@ -210,6 +210,7 @@ class Group:
         self.in_flight = 0
         self.last_seq, self.turn_steps = -1, 0
         self.device_time_s, self.step_time_s, self.steps_recorded = 0.0, None, 0
+        self.host_gap_s: float | None = None
         self.step_times: deque = deque(maxlen=256)
         self.steps_run = 0              # group steps dispatched
         self.fused_member_steps = 0     # member steps run fused (for the fusion fraction)

@@ -82,7 +82,7 @@ class Planner:
     def _replan(self) -> Plan:
         if getattr(self.policy, "timing", False):
             self.timeline.drain()  # its decision reads device times: make them current
-        flops = self.timeline.flops_per_s
+        flops, host = self.timeline.flops_per_s, self.timeline.host_gap_s or 0.0
         views = []
         for job in self._running.values():
             if job.error is not None or (job.steps_left == 0 and evaluation.owes(self, job) is None):
@@ -93,7 +93,8 @@ class Planner:
                 steps_done=job.dispatched, steps_left=job.steps_left,
                 step_time_s=job.step_estimate_s(flops), device_time_s=job.device_time_s,
                 lane=job.lane, last_seq=job.last_seq,
-                turn_steps=job.turn_steps if current is job else 0))
+                turn_steps=job.turn_steps if current is job else 0,
+                host_s=host if job.host_gap_s is None else job.host_gap_s))
         lanes = tuple(sorted({v.lane for v in views}))
         view = sched.View(now=now_s() - self.t0, jobs=tuple(views), lanes=lanes,
                           quantum=self.quantum, slots=self.slots)

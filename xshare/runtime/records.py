@@ -55,6 +55,7 @@ class Unit(Protocol):
     last_seq: int            # the dispatcher's sequence number of its latest step
     turn_steps: int          # steps in its current turn
     device_time_s: float
+    host_gap_s: float | None
     error: str | None
 
     @property
@@ -137,6 +138,7 @@ class JobRecord:
     device_time_s: float = 0.0
     steps_recorded: int = 0
     step_time_s: float | None = None      # measured EMA; None until the first step
+    host_gap_s: float | None = None       # measured host seconds the device waits per step (timing.py)
     started_s: float | None = None
     ended_s: float | None = None
     queue_wait_s: float | None = None

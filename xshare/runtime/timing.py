@@ -20,6 +20,9 @@ from .. import ffi
 from .records import StepRecord
 
 _EMA = 0.2  # weight of the newest measurement in the step-time and FLOP-rate estimates
+# A lane's gap between one step's end and the next step's begin longer than this is idleness
+# (no work, waiting for an arrival), not host time a step costs: left out of the host estimate.
+_IDLE_GAP_NS = 20_000_000
 
 
 class Timeline:
@@ -31,6 +34,12 @@ class Timeline:
         self._held = 0
         self._host: deque[tuple] = deque(maxlen=window)  # host-timed steps, same fields
         self.flops_per_s: float | None = None
+        # Host seconds per step the device waits between steps (dispatch, the batch), EMA over
+        # every unit; a unit's own in ``unit.host_gap_s``. On a host-bound CPU a small step's
+        # wall time is mostly this, so remaining-time estimates that ignored it ranked jobs by
+        # a small share of what they cost (srtf); on a device the host keeps ahead of it is ~0.
+        self.host_gap_s: float | None = None
+        self._lane_end: dict[int, int] = {}  # lane -> t of its latest end fence drained
         self._open: dict[int, int] = {}     # job id -> t of a begin whose end is not drained yet
         self._last_end: int = 0             # host timing: the previous step's end
         self._lock = threading.Lock()
@@ -47,6 +56,7 @@ class Timeline:
 
     def _pair(self, events: np.ndarray) -> None:
         events = events[np.argsort(events["seq"], kind="stable")]
+        self._gaps(events)
         jobs = events["job"]
         for jid in np.unique(jobs):
             mine = events[jobs == jid]
@@ -84,11 +94,49 @@ class Timeline:
             rate = flops / mean
             self.flops_per_s = rate if self.flops_per_s is None else (1 - _EMA) * self.flops_per_s + _EMA * rate
 
+    def _gaps(self, events: np.ndarray) -> None:
+        """Per lane, the gap from each end fence to the next begin fence: the host time the
+        device waited before that begin's step, charged to its unit (median per unit and drain,
+        so one idle pause does not skew it)."""
+        for lane in np.unique(events["lane"]):
+            mine = events[events["lane"] == lane]
+            kind, t = mine["kind"], mine["t_ns"].astype(np.int64)
+            prev_end = self._lane_end.get(int(lane))
+            ends = np.flatnonzero(kind == 1)
+            if len(ends):
+                self._lane_end[int(lane)] = int(t[ends[-1]])
+            # For each begin: the time of the latest end before it on this lane, if the event
+            # just before it is that end (two begins in a row: steps queued back to back).
+            begins = np.flatnonzero(kind == 0)
+            if not len(begins):
+                continue
+            before = np.empty(len(begins), np.int64)
+            has = np.zeros(len(begins), bool)
+            inner = begins > 0
+            before[inner] = t[begins[inner] - 1]
+            has[inner] = kind[begins[inner] - 1] == 1
+            if not inner[0] and prev_end is not None:
+                before[0], has[0] = prev_end, True
+            gap = t[begins] - before
+            ok = has & (gap >= 0) & (gap < _IDLE_GAP_NS)
+            jobs = mine["job"][begins][ok]
+            gap = gap[ok]
+            for jid in np.unique(jobs):
+                self._gap(self._lookup(int(jid)), float(np.median(gap[jobs == jid])) / 1e9)
+
+    def _gap(self, unit: Any, seconds: float) -> None:
+        self.host_gap_s = seconds if self.host_gap_s is None else (1 - _EMA) * self.host_gap_s + _EMA * seconds
+        if unit is not None:
+            old = getattr(unit, "host_gap_s", None)
+            unit.host_gap_s = seconds if old is None else (1 - _EMA) * old + _EMA * seconds
+
     # ------------------------------------------------------------------ host times (dispatcher)
     def host_step(self, job: Any, t_dispatch_ns: int, t_end_ns: int) -> None:
         """Without fences: a step ran from its dispatch or the previous step's end, whichever
         was later (steps of one runtime run one after another), to when the host saw it end."""
         t0 = max(t_dispatch_ns, self._last_end)
+        if self._last_end and 0 <= t_dispatch_ns - self._last_end < _IDLE_GAP_NS:
+            self._gap(job, (t_dispatch_ns - self._last_end) / 1e9)
         self._last_end = t_end_ns
         dt = (t_end_ns - t0) / 1e9
         job.device_time_s += dt

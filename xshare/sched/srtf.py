@@ -18,10 +18,13 @@ from .view import Decision, JobView, View
 
 
 def remaining_s(job: JobView) -> float:
-    """Estimated device seconds left; a job of unknown length (``steps_left=None``) sorts last."""
+    """Estimated seconds left: steps left times what a step holds the device for (its device
+    time plus the host time the device waits for it: on a host-bound CPU small steps are mostly
+    the latter, and ranking by device time alone put a long cheap job ahead of a short costly
+    one). A job of unknown length (``steps_left=None``) sorts last."""
     if job.steps_left is None:
         return math.inf
-    return job.steps_left * job.step_time_s
+    return job.steps_left * (job.step_time_s + job.host_s)
 
 
 class Srtf:

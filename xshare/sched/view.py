@@ -27,6 +27,8 @@ class JobView:
     lane: int               # lane id the job lives in
     last_seq: int           # global dispatch sequence number of this job's latest step; -1 = never ran
     turn_steps: int         # consecutive steps in its lane's current turn (0 if not the current job)
+    host_s: float = 0.0     # measured host seconds per step the device waits (dispatch, data);
+                            # ~0 when the host keeps ahead of the device
 
 
 @dataclass(frozen=True, slots=True)
