@@ -8,8 +8,12 @@ their ratio to fifo.
 
 Compilation is taken out of the comparison: a first process compiles every job of the trace
 into a private JAX compilation cache (same job ids and ring id in every fresh process, so the
-same executables), and every replay loads them from it (each submit still traces and lowers,
-a few hundred ms, recorded as "submit s").
+same executables), and every replay loads them from it. ``submit()`` only queues the job; its
+tracing, lowering and cache load run on the runtime's compile pool and count in its JCT.
+
+The oracle is a zero-overhead preemptive SRTF over the same arrivals, each job's service time
+measured in the same run under fifo; the report gives srtf's share of it (oracle / srtf average
+JCT, paired per repeat).
 
     python -m benchmarks.jct_trace [--smoke] [--out DIR]
 """
@@ -147,9 +151,10 @@ The same trace is replayed under each policy by `benchmarks.trace` in a fresh pr
 one replay thread. JCT = completion - arrival (the trace's arrival, so a late submission counts
 against the job); makespan = last completion - first arrival. {repeats} replay(s) per policy,
 order alternating between repeats; table figures are medians over repeats, ratios are per repeat
-then median. "submit s" is the median time `submit()` took (trace + lower + load the executable
-from the warm compilation cache); "max late s" is the largest delay of a submission behind its
-arrival (the replay thread was still submitting an earlier job).
+then median. Every job's spec (model, initial state) is built before the replay's clock starts.
+"submit s" is the median time `submit()` took (it queues the job: its trace, lower and load from
+the warm compilation cache run on the compile pool, inside its JCT); "max late s" is the largest
+delay of a submission behind its arrival.
 
 Policies: `fifo` runs one job at a time in arrival order (exclusive allocation, the baseline);
 `srtf` one job at a time, shortest remaining time first, preemptive at step boundaries;
