@@ -531,6 +531,10 @@ def run_count(args: argparse.Namespace) -> int:
         [[side, metric.upper(), f"{s['marginal_bytes'] / mib:.2f}", f"{s['base_bytes'] / mib:.0f}",
           f"{s['per_gib']:.1f}", f"{s['count']}{' (extrapolated)' if s['extrapolated'] else ''}"]
          for side in ("service", "processes") for metric in ("rss", "pss") for s in [summary[f"{side}_{metric}"]]])
+    def big(side: str) -> str:
+        last = points[side][-1]
+        return f"{last['n']} ({last['rss'] / 2**30:.2f} GiB RSS together)"
+
     ratio = " ".join(f"{m.upper()} {summary[f'ratio_{m}']:.1f}x;" for m in ("rss", "pss")
                      if summary[f"ratio_{m}"] is not None)
     harness.write_results(
@@ -544,8 +548,9 @@ def run_count(args: argparse.Namespace) -> int:
                f"Models that fit, service over processes: {ratio}\n\n"
                f"Budget: this machine's RAM ({total / 2**30:.1f} GiB) less a {COUNT_RESERVE / 2**30:.0f} GiB reserve "
                f"= {budget / 2**30:.1f} GiB. Counts are extrapolated along the least-squares lines through the "
-               f"measured points (models >= 1); the machine was never filled (each side stopped growing past "
-               f"{COUNT_BOUND / 2**30:.0f} GiB RSS). Model: `{MODEL}` (mlp, max_batch 16, buckets 1/4/16). "
+               f"measured points (models >= 1); the machine was never filled: a side stops growing at the first "
+               f"measured count past {COUNT_BOUND / 2**30:.0f} GiB RSS (largest here: the service with "
+               f"{big('service')} models, {big('processes')} processes). Model: `{MODEL}` (mlp, max_batch 16, buckets 1/4/16). "
                "One service: `xshare serve` with an empty start, then `POST /models` (what `xshare deploy` sends) "
                "one model at a time; processes: plain JAX servers (case d), started one at a time. At each "
                "measured count every model not yet asked answered one real infer request over HTTP before "
