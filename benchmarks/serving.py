@@ -13,6 +13,10 @@ server processes):
      (Starlette + uvicorn, the same OIP parsing; `jax.jit(predict)` per request, no batching)
 
     python -m benchmarks.serving [--models 8] [--rate 20] [--duration 10] [--smoke] [--out DIR]
+
+``--capacity`` first finds one model's capacity and runs the cases at half of it. ``--count``
+runs no load: it measures memory against the number of models served, k models deployed one by
+one into one service vs m plain server processes (d's), and how many fit in this machine's RAM.
 """
 
 from __future__ import annotations
@@ -46,9 +50,9 @@ def _env() -> dict[str, str]:
 class Service:
     """`xshare serve` with ``n`` models (m0..m{n-1}) and, optionally, training jobs."""
 
-    def __init__(self, tmp: Path, n: int, train: int = 0):
+    def __init__(self, tmp: Path, n: int, train: int = 0, memory: str = "1GiB"):
         self.run_dir = tmp / f"svc-{n}-{train}-{time.monotonic_ns()}"
-        args = [sys.executable, "-m", "xshare", "serve", "--memory", "1GiB", "--run-dir", str(self.run_dir),
+        args = [sys.executable, "-m", "xshare", "serve", "--memory", memory, "--run-dir", str(self.run_dir),
                 "--checkpoint-every", "0"]
         for i in range(n):
             args += ["--model", MODEL, "--set", f"name=m{i}", "--set", f"seed={i}", "--set", "max_batch=16",
@@ -63,7 +67,7 @@ class Service:
                 raise RuntimeError(f"xshare serve did not start: {self.proc.stderr.read().decode()[-2000:]}")
             time.sleep(0.1)
         rec = json.loads(announce.read_text())
-        self.address, self.pids = rec["address"], [self.proc.pid]
+        self.address, self.token, self.pids = rec["address"], rec["token"], [self.proc.pid]
         self.targets = [(self.address, f"m{i}") for i in range(n)]
         if train:
             seeds = ",".join(str(s) for s in range(train)) if train > 1 else "0"
@@ -89,21 +93,26 @@ class PlainServers:
     """``n`` processes, each one model behind a plain JAX server (``--plain-server``)."""
 
     def __init__(self, tmp: Path, n: int):
-        self.procs, self.targets = [], []
-        for i in range(n):
-            port_file = tmp / f"plain-{i}-{time.monotonic_ns()}.port"
-            self.procs.append(subprocess.Popen(
-                [sys.executable, "-m", "benchmarks.serving", "--plain-server", str(i), "--port-file", str(port_file)],
-                env=_env(), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
-            deadline = time.monotonic() + 300
-            while not port_file.exists() or not port_file.read_text().strip():
-                if self.procs[-1].poll() is not None or time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError(f"plain server {i} did not start: "
-                                       f"{self.procs[-1].stderr.read().decode()[-2000:]}")
-                time.sleep(0.1)
-            self.targets.append((f"127.0.0.1:{port_file.read_text().strip()}", f"m{i}"))
-        self.pids = [p.pid for p in self.procs]
+        self.tmp, self.procs, self.targets, self.pids = tmp, [], [], []
+        for _ in range(n):
+            self.add()
+
+    def add(self) -> tuple[str, str]:
+        """Start one more (model ``m{i}``, seed ``i``) and wait until it listens; its target."""
+        i = len(self.procs)
+        port_file = self.tmp / f"plain-{i}-{time.monotonic_ns()}.port"
+        self.procs.append(subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.serving", "--plain-server", str(i), "--port-file", str(port_file)],
+            env=_env(), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+        self.pids.append(self.procs[-1].pid)
+        deadline = time.monotonic() + 300
+        while not port_file.exists() or not port_file.read_text().strip():
+            if self.procs[-1].poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"plain server {i} did not start: {self.procs[-1].stderr.read().decode()[-2000:]}")
+            time.sleep(0.1)
+        self.targets.append((f"127.0.0.1:{port_file.read_text().strip()}", f"m{i}"))
+        return self.targets[-1]
 
     def stop(self) -> None:
         for p in self.procs:
@@ -336,6 +345,224 @@ def capacity(tmp: Path, rates: list[float], duration: float) -> tuple[float | No
     return best, steps
 
 
+# ------------------------------------------------------------------------------ count
+
+COUNT_KS = (1, 8, 32, 128, 256) # models deployed into one service, cumulatively (256: ~1.8 GiB RSS)
+COUNT_MS = (1, 2, 4, 8)         # plain single-model server processes, cumulatively (8: ~2.4 GiB RSS)
+COUNT_BOUND = 3 * 2**30         # stop growing either way past this RSS: never fill a shared machine
+COUNT_RESERVE = 4 * 2**30       # of the machine's RAM, kept out of the budget (OS, page cache, others)
+COUNT_SETTLE_S = 0.5            # after the last request, before memory is read (the completion thread frees)
+
+
+def memory_of(pids: list[int]) -> dict[str, int]:
+    """RSS, PSS and USS summed over ``pids`` and their children. Summed RSS counts the shared
+    pages (libjax, libpython, numpy's .so) once per process; PSS splits each shared page among
+    the processes that map it, so summed PSS is what they cost the machine together."""
+    import psutil
+
+    total = {"rss": 0, "pss": 0, "uss": 0}
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+            for q in [p, *p.children(recursive=True)]:
+                m = q.memory_full_info()  # reads /proc/PID/smaps: our own processes only
+                total["rss"] += m.rss
+                total["pss"] += m.pss
+                total["uss"] += m.uss
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def infer_once(address: str, name: str, seed: int) -> bool:
+    """One real request (one row, JSON) to model ``name``: True if it answered 200 with one label
+    and one row of 10 probabilities, so the model is compiled, resident and served."""
+    import http.client
+
+    import numpy as np
+
+    x = np.random.default_rng(seed).normal(size=32).astype("float32").tolist()
+    body = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 32], "data": x}]})
+    host, port = address.rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=120)
+    try:
+        conn.request("POST", f"/v2/models/{name}/infer", body, {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        raw = resp.read()
+    except (OSError, http.client.HTTPException):
+        return False
+    finally:
+        conn.close()
+    if resp.status != 200:
+        return False
+    outs = {o["name"]: o for o in json.loads(raw).get("outputs", [])}
+    return (outs.get("label", {}).get("shape") == [1] and outs.get("probs", {}).get("shape") == [1, 10]
+            and len(outs["probs"].get("data", [])) == 10)
+
+
+def fit_line(points: list[tuple[int, float]]) -> tuple[float, float]:
+    """Least squares ``y = base + slope * n`` over the measured points; (slope, base)."""
+    import numpy as np
+
+    n, y = np.array([p[0] for p in points], float), np.array([p[1] for p in points], float)
+    if len(set(n)) < 2:
+        raise SystemExit(f"count: a line needs two distinct counts; measured {sorted(set(n))}")
+    slope, base = np.polyfit(n, y, 1)
+    return float(slope), float(base)
+
+
+def count(tmp: Path, ks: tuple[int, ...], ms: tuple[int, ...], bound: int) -> dict[str, Any]:
+    """Memory per model both ways, measured on live servers: k models deployed one by one into
+    one ``xshare serve`` (``POST /models``, as ``xshare deploy`` does), and m plain single-model
+    server processes started one by one. At each measured k (or m) every model not yet asked
+    answers one real request first, then memory is read. Stops growing a side past ``bound``."""
+    from xshare.service import client
+
+    service: list[dict[str, Any]] = []
+    # An 8 GiB arena: a bookkeeping budget on CPU (nothing is preallocated), so admission never
+    # stops the count before RSS does; each model reserves well under a MiB of it.
+    svc = Service(tmp, 0, memory="8GiB")
+    try:
+        time.sleep(COUNT_SETTLE_S)
+        service.append({"n": 0, **memory_of(svc.pids), "answered": 0, "grow_s": 0.0})
+        print(f"count: service with 0 models -> {service[-1]}", file=sys.stderr, flush=True)
+        target, deployed = client.Service(svc.address, svc.token), 0
+        for k in ks:
+            t = time.perf_counter()
+            new = []
+            while deployed < k:
+                name = f"m{deployed}"
+                client.call(target, "POST", "/models", {"entry": MODEL, "name": name, "params": {
+                    "seed": deployed, "max_batch": 16, "max_delay_ms": 2}}, timeout=300)
+                new.append(name)
+                deployed += 1
+            grow_s = time.perf_counter() - t
+            answered = sum(infer_once(svc.address, name, i) for i, name in enumerate(new))
+            time.sleep(COUNT_SETTLE_S)
+            service.append({"n": k, **memory_of(svc.pids), "answered": service[-1]["answered"] + answered,
+                            "grow_s": grow_s})
+            print(f"count: service with {k} models -> {service[-1]}", file=sys.stderr, flush=True)
+            if service[-1]["rss"] > bound:
+                break
+    finally:
+        svc.stop()
+
+    procs: list[dict[str, Any]] = []
+    plain = PlainServers(tmp, 0)
+    try:
+        answered = 0
+        for m in ms:
+            t = time.perf_counter()
+            new = [plain.add() for _ in range(m - len(plain.procs))]
+            grow_s = time.perf_counter() - t
+            answered += sum(infer_once(address, name, i) for i, (address, name) in enumerate(new))
+            time.sleep(COUNT_SETTLE_S)
+            procs.append({"n": m, **memory_of(plain.pids), "answered": answered, "grow_s": grow_s})
+            print(f"count: {m} plain servers -> {procs[-1]}", file=sys.stderr, flush=True)
+            if procs[-1]["rss"] > bound:
+                break
+    finally:
+        plain.stop()
+    return {"service": service, "processes": procs}
+
+
+def count_summary(points: dict[str, list[dict[str, Any]]], budget: int) -> dict[str, Any]:
+    """Per side and per metric (RSS, PSS): the fitted marginal bytes per model and base, and how
+    many models fit in ``budget`` bytes by that line (extrapolated past the largest measured count)."""
+    out: dict[str, Any] = {"budget_bytes": budget}
+    for side, rows in points.items():
+        measured = [r for r in rows if r["n"] >= 1]  # the empty service is a reference, not a fit point
+        for metric in ("rss", "pss"):
+            slope, base = fit_line([(r["n"], r[metric]) for r in measured])
+            fits = int((budget - base) // slope) if slope > 0 else None
+            out[f"{side}_{metric}"] = {
+                "marginal_bytes": slope, "base_bytes": base, "count": fits,
+                "per_gib": 2**30 / slope if slope > 0 else None,
+                "extrapolated": fits is not None and fits > max(r["n"] for r in measured)}
+    for metric in ("rss", "pss"):
+        a, b = out[f"service_{metric}"]["count"], out[f"processes_{metric}"]["count"]
+        out[f"ratio_{metric}"] = a / b if a and b else None
+    return out
+
+
+def plot_count(points: dict[str, list[dict[str, Any]]], summary: dict[str, Any], path: Path) -> None:
+    """Memory against models, both ways, with the fitted lines (the figure RESULTS.md shows)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for side, label, colour in (("service", "one xshare serve, k models", "C0"),
+                                ("processes", "k plain JAX server processes", "C3")):
+        rows = points[side]
+        for metric, style in (("rss", "o-"), ("pss", "s--")):
+            ax.plot([r["n"] for r in rows], [r[metric] / 2**20 for r in rows], style, color=colour,
+                    label=f"{label} ({metric.upper()})", alpha=1.0 if metric == "pss" else 0.5)
+    ax.set_xscale("symlog", linthresh=1)
+    ax.set_xlabel("models served")
+    ax.set_ylabel("memory, MiB (summed over processes)")
+    ax.set_title("Memory per model: one service vs one process per model")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run_count(args: argparse.Namespace) -> int:
+    import psutil
+
+    from xshare.bench import harness
+
+    ks, ms = ((1, 2, 4), (1, 2)) if args.smoke else (COUNT_KS, COUNT_MS)
+    machine = harness.machine()
+    total = psutil.virtual_memory().total
+    budget = total - COUNT_RESERVE
+    with tempfile.TemporaryDirectory(prefix="xshare-serving-count-") as tmp_:
+        points = count(Path(tmp_), ks, ms, COUNT_BOUND)
+    summary = count_summary(points, budget)
+    mib = 2**20
+    rows = [[side, r["n"], f"{r['rss'] / mib:.0f}", f"{r['pss'] / mib:.0f}", f"{r['uss'] / mib:.0f}",
+             f"{r['answered']}/{r['n']}", f"{r['grow_s']:.1f}"]
+            for side, key in (("one service", "service"), ("plain processes", "processes")) for r in points[key]]
+    fits = harness.markdown_table(
+        ["way", "metric", "marginal MiB per model", "base MiB", "models per GiB", f"fit in {budget / 2**30:.1f} GiB"],
+        [[side, metric.upper(), f"{s['marginal_bytes'] / mib:.2f}", f"{s['base_bytes'] / mib:.0f}",
+          f"{s['per_gib']:.1f}", f"{s['count']}{' (extrapolated)' if s['extrapolated'] else ''}"]
+         for side in ("service", "processes") for metric in ("rss", "pss") for s in [summary[f"{side}_{metric}"]]])
+    def big(side: str) -> str:
+        last = points[side][-1]
+        return f"{last['n']} ({last['rss'] / 2**30:.2f} GiB RSS together)"
+
+    ratio = " ".join(f"{m.upper()} {summary[f'ratio_{m}']:.1f}x;" for m in ("rss", "pss")
+                     if summary[f"ratio_{m}"] is not None)
+    harness.write_results(
+        "serving_count", Path(args.out), title="Serving: how many small models fit, one service vs one process each",
+        columns=["way", "models", "RSS MiB", "PSS MiB", "USS MiB", "answered", "grow s"], rows=rows,
+        machine_info=machine, config={"ks": list(ks), "ms": list(ms), "bound_bytes": COUNT_BOUND,
+                                      "total_ram_bytes": total, "reserve_bytes": COUNT_RESERVE,
+                                      "budget_bytes": budget, "model": MODEL},
+        data={"points": points, "summary": summary}, smoke=args.smoke,
+        notes=(f"![memory per model](serving_count.png)\n\n{fits}\n\n"
+               f"Models that fit, service over processes: {ratio}\n\n"
+               f"Budget: this machine's RAM ({total / 2**30:.1f} GiB) less a {COUNT_RESERVE / 2**30:.0f} GiB reserve "
+               f"= {budget / 2**30:.1f} GiB. Counts are extrapolated along the least-squares lines through the "
+               f"measured points (models >= 1); the machine was never filled: a side stops growing at the first "
+               f"measured count past {COUNT_BOUND / 2**30:.0f} GiB RSS (largest here: the service with "
+               f"{big('service')} models, {big('processes')} processes). Model: `{MODEL}` (mlp, max_batch 16, buckets 1/4/16). "
+               "One service: `xshare serve` with an empty start, then `POST /models` (what `xshare deploy` sends) "
+               "one model at a time; processes: plain JAX servers (case d), started one at a time. At each "
+               "measured count every model not yet asked answered one real infer request over HTTP before "
+               f"memory was read ({COUNT_SETTLE_S:g} s later; 'answered' counts them). Memory is summed over the "
+               "server processes and their children: summed RSS counts shared library pages once per process, "
+               "PSS splits them among the processes mapping them (what they cost together); USS is each "
+               "process's private memory. 'grow s': deploying (compiles included) or starting the step's new "
+               "models."))
+    plot_count(points, summary, Path(args.out) / "serving_count.png")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.serving", description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", type=int, default=8)
@@ -346,6 +573,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--capacity", action="store_true",
                         help="first find one model's capacity (rising rates), then run every case at half "
                              "of it per model (the issue's target: c's p99 <= 2x a's there)")
+    parser.add_argument("--count", action="store_true",
+                        help="instead of the cases: memory per model, k models deployed into one service vs m "
+                             "plain single-model server processes, and how many fit in this machine's RAM "
+                             "(serving_count.md)")
     parser.add_argument("--plain-server", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--port-file", help=argparse.SUPPRESS)
     parser.add_argument("--load", help=argparse.SUPPRESS)
@@ -356,6 +587,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.load is not None:
         print(json.dumps(load([tuple(t) for t in json.loads(args.load)], args.rate, args.duration)))
         return 0
+    if args.count:
+        return run_count(args)
 
     from xshare.bench import harness
 

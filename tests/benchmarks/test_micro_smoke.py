@@ -18,7 +18,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 # (script, extra arguments, the results' name). Every script under benchmarks/ has a smoke run:
-# these, test_serving_smoke, test_tune_smoke, tests/bench (bench_sharing is `xshare bench`),
+# these, test_serving_count_smoke below, test_serving_smoke, test_tune_smoke, tests/bench (bench_sharing is `xshare bench`),
 # tests/reliability/test_soak; steps.py and trace.py are modules the others import.
 SCRIPTS = [("switch_latency", [], "switch_latency"), ("fence_overhead", [], "fence_overhead"),
            ("jct_trace", [], "jct_trace"), ("footprint_accuracy", [], "footprint_accuracy"),
@@ -39,7 +39,11 @@ def _run(name: str, out: Path, extra: list[str]) -> subprocess.CompletedProcess:
 def test_smoke_writes_results(name: str, extra: list[str], result: str, tmp_path: Path) -> None:
     proc = _run(name, tmp_path, extra)
     assert proc.returncode == 0, proc.stderr[-4000:]
+    _check_results(proc, tmp_path, name, result)
 
+
+def _check_results(proc: subprocess.CompletedProcess, tmp_path: Path, name: str, result: str) -> dict:
+    """The harness's files: the JSON document and the markdown, well formed; the document."""
     doc = json.loads((tmp_path / f"{result}.json").read_text())
     assert doc["schema"] == "xshare.bench/v1"
     assert doc["benchmark"] == result
@@ -62,6 +66,36 @@ def test_smoke_writes_results(name: str, extra: list[str], result: str, tmp_path
     assert "Date: " in md
     # The summary table is printed too.
     assert columns[0] in proc.stdout
+    return doc
+
+
+@pytest.mark.slow
+def test_serving_count_smoke_measures_both_ways_and_counts(tmp_path: Path) -> None:
+    """`serving --count --smoke`: models deployed into one live service and plain server
+    processes, every one answering a real request; sane fits and counts (no figure is timed)."""
+    proc = _run("serving", tmp_path, ["--count"])
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    doc = _check_results(proc, tmp_path, "serving", "serving_count")
+    points, summary = doc["data"]["points"], doc["data"]["summary"]
+    assert [p["n"] for p in points["service"]] == [0, 1, 2, 4]   # the empty service, then k models
+    assert [p["n"] for p in points["processes"]] == [1, 2]
+    for side in ("service", "processes"):
+        for p in points[side]:
+            assert p["answered"] == p["n"], (side, p)            # every model served a real request
+            assert 0 < p["uss"] <= p["pss"] <= p["rss"], (side, p)
+        assert points[side][-1]["rss"] > points[side][0]["rss"], side  # more models, more memory
+    assert points["processes"][1]["rss"] > 1.5 * points["processes"][0]["rss"]  # a second interpreter
+    for metric in ("rss", "pss"):
+        svc, procs = summary[f"service_{metric}"], summary[f"processes_{metric}"]
+        assert 0 < svc["marginal_bytes"] and 0 < procs["marginal_bytes"]
+        assert svc["count"] > 0 and procs["count"] > 0
+        assert svc["per_gib"] == pytest.approx(2**30 / svc["marginal_bytes"])
+        # the count is the fitted line solved at the budget
+        assert svc["base_bytes"] + svc["count"] * svc["marginal_bytes"] <= summary["budget_bytes"]
+        assert svc["base_bytes"] + (svc["count"] + 1) * svc["marginal_bytes"] > summary["budget_bytes"]
+        assert summary[f"ratio_{metric}"] == pytest.approx(svc["count"] / procs["count"])
+    assert summary["budget_bytes"] == doc["config"]["total_ram_bytes"] - doc["config"]["reserve_bytes"] > 0
+    assert (tmp_path / "serving_count.png").stat().st_size > 0
 
 
 # The zero-overhead SRTF oracle jct_trace compares srtf against (a table test: each row's why).

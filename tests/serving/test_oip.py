@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import threading
 
 import jax
@@ -239,6 +240,34 @@ def test_deploy_refuses_a_second_model_of_one_name_and_one_that_cannot_fit(serve
     assert "huge" not in served.models
     with pytest.raises(KeyError, match="models: affine, mlp"):
         served.undeploy("ghost")
+
+
+def _square(name: str, n: int) -> xshare.ModelSpec:
+    """A model whose params are exactly ``n * n * 4`` bytes (P), with one-row batches (small E)."""
+    return xshare.model(lambda p, i: {"y": i["x"] @ p["w"]}, {"w": np.zeros((n, n), np.float32)},
+                        inputs={"x": ("float32", (n,))}, name=name, max_batch=1)
+
+
+def test_a_model_that_does_not_fit_is_refused_naming_its_size_the_arena_and_the_fix():
+    # A deployed model is never queued (clients would hang), so its refusal must say what frees
+    # room: its size, what is free, the arena and where its size came from, and what to do.
+    with xshare.Runtime(memory="400KiB") as rt:
+        with pytest.raises(xshare.AdmissionError, match=(
+                r"^model 'huge' can never fit: it needs 5\d\d\.\d KiB \(P 576\.0 KiB params \+ E \d+\.\d KiB for a "
+                r"batch of 1\) but the arena holds 400\.0 KiB \(memory argument\); deploy a smaller model or a "
+                r"lower max_batch, or give the runtime more memory \(--memory\)$")):
+            rt.deploy(_square("huge", 256 + 128))  # 384 * 384 * 4 B = 576 KiB of params: > the arena
+        rt.deploy(_square("a", 256))               # 256 KiB of params: fits, and leaves < 256 KiB free
+        with pytest.raises(xshare.AdmissionError, match=(
+                r"^model 'b' does not fit now: it needs 25\d\.\d KiB \(P 256\.0 KiB \+ E \d+\.\d KiB\); "
+                r"1\d\d\.\d KiB free; sharing a lane needs 256\.0 KiB; the arena holds 400\.0 KiB \(memory argument\)\. "
+                + re.escape("A model is deployed at once or refused, never queued: undeploy a model or wait for "
+                            "training jobs to end, then deploy it again; or lower its max_batch, or give the "
+                            "runtime more memory (--memory)") + "$")):
+            rt.deploy(_square("b", 256))
+        assert sorted(rt.models) == ["a"]          # neither refused model holds anything
+        rt.undeploy("a")                           # the fix the refusal names works
+        assert rt.deploy(_square("b", 256)).name == "b"
 
 
 def test_a_request_whose_caller_gave_up_does_not_hold_up_its_batch(served):

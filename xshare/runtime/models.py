@@ -309,12 +309,24 @@ class Hub:
             raise XShareError(f"a model named {m.name!r} is already deployed; undeploy it first or pick "
                               "another name")
         arena = self.dispatcher.arena
+        held = f"the arena holds {format_bytes(arena.capacity)} ({self.dispatcher.capacity_source or 'its budget'})"
+        need = m.persistent_bytes + m.ephemeral_bytes
+        if need > arena.capacity:
+            # Checked here rather than left to the arena, whose refusal speaks of a job and its
+            # batch size: a model's fix is its params or its max_batch (E is its largest bucket).
+            raise AdmissionError(
+                f"model {m.name!r} can never fit: it needs {format_bytes(need)} (P {format_bytes(m.persistent_bytes)} "
+                f"params + E {format_bytes(m.ephemeral_bytes)} for a batch of {m.spec.max_batch}) but {held}; "
+                "deploy a smaller model or a lower max_batch, or give the runtime more memory (--memory)")
         placed = arena.admit(m.arena_id, m.persistent_bytes, m.ephemeral_bytes, name=m.arena_id)
         if not isinstance(placed, Admitted):
             # A model is for now or never: waiting in the job queue would leave clients hanging.
+            # So the refusal says what frees room, since nothing will retry it by itself.
             arena.release(m.arena_id)
-            raise AdmissionError(f"model {m.name!r} does not fit now (P {format_bytes(m.persistent_bytes)} "
-                                 f"+ E {format_bytes(m.ephemeral_bytes)}): {placed.reason}")
+            raise AdmissionError(
+                f"model {m.name!r} does not fit now: it {placed.reason}; {held}. A model is deployed at once "
+                "or refused, never queued: undeploy a model or wait for training jobs to end, then deploy it "
+                "again; or lower its max_batch, or give the runtime more memory (--memory)")
         m.lane = placed.lane_id  # stays "loading" (taking no requests) until its params are placed
         self.models = {**self.models, m.name: m}
         self._order = tuple(sorted(self.models.values(), key=lambda x: -x.spec.priority))
