@@ -8,6 +8,7 @@ import http.client
 import json
 import re
 import threading
+import weakref
 
 import jax
 import jax.numpy as jnp
@@ -19,8 +20,8 @@ from tritonclient.utils import InferenceServerException
 import xshare
 from xshare.serving.oip import INFER_MAX_BODY_BYTES
 
-from tests.serving.conftest import (AFFINE_PARAMS, D_IN, D_OUT, affine_predict, client, direct_mlp,  # noqa: F401
-                                    infer_mlp, mlp_spec, rows, served)
+from tests.serving.conftest import (AFFINE_PARAMS, D_IN, D_OUT, HIDDEN, affine_predict, client,  # noqa: F401
+                                    direct_mlp, infer_mlp, mlp_params, mlp_predict, mlp_spec, rows, served)
 
 
 def post(address: str, path: str, body: bytes, headers: dict[str, str] | None = None):
@@ -277,3 +278,33 @@ def test_a_request_whose_caller_gave_up_does_not_hold_up_its_batch(served):
     kept = [m.submit({"x": rows(1, seed=k)}) for k in (1, 2, 3)]  # the 4th row makes the batch due
     for k, f in zip((1, 2, 3), kept):
         np.testing.assert_allclose(f.result(30)["y"], direct_mlp(rows(1, seed=k))["y"], rtol=1e-5, atol=1e-5)
+
+
+def test_models_of_one_architecture_share_executables_and_answer_with_their_own_params(served):
+    # Salus packs many small models into one service; what a model costs there is mostly its
+    # executables, so models that lower to the same program (other params) share them.
+    import gc
+
+    from xshare.runtime import models
+
+    other = {k: (v * 2 + 1).astype(np.float32) for k, v in mlp_params().items()}
+    a = served.deploy(mlp_spec(name="twin-a"))
+    b = served.deploy(xshare.model(mlp_predict, other, inputs={"x": ("float32", (D_IN,))},
+                                   name="twin-b", max_batch=16, max_delay_ms=20))
+    assert all(a._m.executables[n] is b._m.executables[n] for n in (1, 4, 16))
+    x = rows(3, seed=9)
+    padded = np.concatenate([x, np.zeros((1, D_IN), np.float32)])  # the 4-row bucket they run in
+    np.testing.assert_array_equal(a.infer({"x": x})["y"], np.asarray(jax.jit(mlp_predict)(mlp_params(), {"x": padded})["y"])[:3])
+    np.testing.assert_array_equal(b.infer({"x": x})["y"], np.asarray(jax.jit(mlp_predict)(other, {"x": padded})["y"])[:3])
+    # Another architecture gets its own; and the shared ones go with the last model using them.
+    wide = xshare.model(mlp_predict, {**mlp_params(), "w2": np.ones((HIDDEN, D_OUT + 1), np.float32)},
+                        inputs={"x": ("float32", (D_IN,))}, name="wide", max_batch=16)
+    c = served.deploy(wide)
+    assert c._m.executables[16] is not a._m.executables[16]
+    gone = [weakref.ref(e) for e in c._m.executables.values()]
+    assert all(any(e is r() for e in models._EXECUTABLES.values()) for r in gone)
+    served.undeploy("wide")
+    del c, wide
+    gc.collect()
+    assert [r() for r in gone] == [None, None, None]
+    assert a._m.executables[16] in models._EXECUTABLES.values()  # the twins' stay
