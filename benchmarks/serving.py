@@ -58,13 +58,17 @@ class Service:
             args += ["--model", MODEL, "--set", f"name=m{i}", "--set", f"seed={i}", "--set", "max_batch=16",
                      "--set", "max_delay_ms=2"]
         env = dict(_env(), XSHARE_RUNTIME_DIR=str(tmp / "discovery"))
-        self.proc = subprocess.Popen(args, env=env, cwd=tmp, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        # stderr to a file, never an unread pipe: the service logs a line per deploy, and a full
+        # pipe (64 KiB, a few hundred deploys) blocks it mid-write.
+        self.log = tmp / f"svc-{n}-{train}-{time.monotonic_ns()}.log"
+        with open(self.log, "wb") as err:
+            self.proc = subprocess.Popen(args, env=env, cwd=tmp, stdout=subprocess.DEVNULL, stderr=err)
         announce = self.run_dir / "service.json"
         deadline = time.monotonic() + 300
         while not announce.exists():
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError(f"xshare serve did not start: {self.proc.stderr.read().decode()[-2000:]}")
+                raise RuntimeError(f"xshare serve did not start: {_tail(self.log)}")
             time.sleep(0.1)
         rec = json.loads(announce.read_text())
         self.address, self.token, self.pids = rec["address"], rec["token"], [self.proc.pid]
@@ -101,15 +105,17 @@ class PlainServers:
         """Start one more (model ``m{i}``, seed ``i``) and wait until it listens; its target."""
         i = len(self.procs)
         port_file = self.tmp / f"plain-{i}-{time.monotonic_ns()}.port"
-        self.procs.append(subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.serving", "--plain-server", str(i), "--port-file", str(port_file)],
-            env=_env(), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+        log = port_file.with_suffix(".log")
+        with open(log, "wb") as err:  # a file, not an unread pipe (see Service)
+            self.procs.append(subprocess.Popen(
+                [sys.executable, "-m", "benchmarks.serving", "--plain-server", str(i), "--port-file", str(port_file)],
+                env=_env(), cwd=REPO, stdout=subprocess.DEVNULL, stderr=err))
         self.pids.append(self.procs[-1].pid)
         deadline = time.monotonic() + 300
         while not port_file.exists() or not port_file.read_text().strip():
             if self.procs[-1].poll() is not None or time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError(f"plain server {i} did not start: {self.procs[-1].stderr.read().decode()[-2000:]}")
+                raise RuntimeError(f"plain server {i} did not start: {_tail(log)}")
             time.sleep(0.1)
         self.targets.append((f"127.0.0.1:{port_file.read_text().strip()}", f"m{i}"))
         return self.targets[-1]
@@ -117,6 +123,10 @@ class PlainServers:
     def stop(self) -> None:
         for p in self.procs:
             _stop(p)
+
+
+def _tail(log: Path) -> str:
+    return log.read_text(errors="replace")[-2000:] if log.exists() else "(no log)"
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -347,7 +357,7 @@ def capacity(tmp: Path, rates: list[float], duration: float) -> tuple[float | No
 
 # ------------------------------------------------------------------------------ count
 
-COUNT_KS = (1, 8, 32, 128, 256) # models deployed into one service, cumulatively (256: ~1.8 GiB RSS)
+COUNT_KS = (1, 8, 32, 128, 512, 1024)  # models deployed into one service, cumulatively (1024: ~0.5 GiB RSS)
 COUNT_MS = (1, 2, 4, 8)         # plain single-model server processes, cumulatively (8: ~2.4 GiB RSS)
 COUNT_BOUND = 3 * 2**30         # stop growing either way past this RSS: never fill a shared machine
 COUNT_RESERVE = 4 * 2**30       # of the machine's RAM, kept out of the budget (OS, page cache, others)
