@@ -308,3 +308,24 @@ def test_models_of_one_architecture_share_executables_and_answer_with_their_own_
     gc.collect()
     assert [r() for r in gone] == [None, None, None]
     assert a._m.executables[16] in models._EXECUTABLES.values()  # the twins' stay
+
+
+def test_the_dispatcher_looks_only_at_models_with_requests_waiting(served, monkeypatch):
+    # serve_due runs between every two training steps: with many models resident and idle it
+    # must not visit each one (1024 idle models cost 30 us per step before this).
+    from xshare.runtime import models
+
+    looked: list[str] = []
+    real = models.Deployed.due_at
+    monkeypatch.setattr(models.Deployed, "due_at", lambda m: looked.append(m.name) or real(m))
+    hub = served._dispatcher.serving
+    for i in range(3):
+        served.deploy(mlp_spec(name=f"idle-{i}"))
+    assert hub.serve_due() is False and looked == []
+    m = served.deploy(mlp_spec(name="busy", max_delay_ms=600_000, max_batch=4, buckets=(4,)))
+    futures = [m.submit({"x": rows(1, seed=i)}) for i in range(4)]  # a full batch: due at once
+    got = np.concatenate([f.result(30)["y"] for f in futures])
+    np.testing.assert_array_equal(got, direct_mlp(np.concatenate([rows(1, seed=i) for i in range(4)]), bucket=4)["y"])
+    assert set(looked) == {"busy"}
+    looked.clear()
+    assert hub.serve_due() is False and looked == []  # served: nothing pending any more

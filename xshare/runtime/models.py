@@ -263,12 +263,18 @@ class Hub:
         self.dispatcher = dispatcher
         self.models: dict[str, Deployed] = {}       # by name; replaced whole, never mutated in place
         self._order: tuple[Deployed, ...] = ()      # by priority, highest first
+        # The models with requests waiting. The dispatcher asks between every two training steps
+        # whether a batch is due: looking at every deployed model there cost O(models) per step
+        # (1024 resident models: ~1024 reads a step); with nothing queued this is one read.
+        self._pending: set[Deployed] = set()
+        self._pending_lock = threading.Lock()
         self._done = ThreadPoolExecutor(max_workers=1, thread_name_prefix="xshare-serve-done")
 
     # -------------------------------------------------------------- any thread
-    def waiting(self) -> bool:
-        """Whether any request waits (one attribute read per model: the dispatcher's idle check)."""
-        return any(m.queue for m in self._order)
+    def queued(self, m: Deployed) -> None:
+        """``m`` has a request waiting (called after its ``enqueue``)."""
+        with self._pending_lock:
+            self._pending.add(m)
 
     def wake(self) -> None:
         self.dispatcher.poke()
@@ -276,10 +282,10 @@ class Hub:
     # -------------------------------------------------------------- dispatcher thread
     def serve_due(self) -> bool:
         """Run one due batch (the highest-priority model's first); whether one ran."""
-        if not self._order:
+        if not self._pending:
             return False
         now = time.monotonic()
-        for m in self._order:
+        for m in self._waiting():
             at = m.due_at()
             if at is not None and at <= now:
                 self._run(m)
@@ -289,14 +295,27 @@ class Hub:
     def wait_s(self, default: float) -> float:
         """How long the idle dispatcher may sleep before a waiting batch falls due."""
         now, wait = time.monotonic(), default
-        for m in self._order:
+        for m in self._waiting():
             at = m.due_at()
             if at is not None:
                 wait = min(wait, max(at - now, 0.0))
         return wait
 
+    def _waiting(self) -> list[Deployed]:
+        """The models with requests waiting, highest priority first."""
+        with self._pending_lock:
+            # A model emptied some other way (undeployed, drained) leaves here; one whose
+            # request is appended but not yet announced is non-empty, so it stays.
+            self._pending.difference_update([m for m in self._pending if not m.queue])
+            return sorted(self._pending, key=lambda m: -m.spec.priority)
+
     def _run(self, m: Deployed) -> None:
         reqs, rows = m.take()
+        with self._pending_lock:
+            # Under the lock a request enqueued after take() either is seen here (the model
+            # stays pending) or adds the model again after this discard (queued() waits).
+            if not m.queue:
+                self._pending.discard(m)
         if not reqs:
             return
         try:
@@ -376,6 +395,7 @@ class ModelHandle:
     def submit(self, inputs: dict[str, Any]) -> Future:
         """Queue one request; its future holds ``{output: rows}`` (or ``InferError``)."""
         fut = self._m.enqueue(inputs)
+        self._rt._dispatcher.serving.queued(self._m)
         self._rt._dispatcher.poke()
         return fut
 
