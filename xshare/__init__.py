@@ -29,7 +29,7 @@ _LAZY: dict[str, str] = {
     "POLICIES": "xshare.sched",
     # serving (xshare.serving.spec is pure Python; ModelHandle's module imports jax)
     "model": "xshare.serving.spec", "ModelSpec": "xshare.serving.spec", "InferError": "xshare.serving.spec",
-    "ModelHandle": "xshare.runtime.models",
+    "ModelHandle": "xshare.runtime.hub",
     # memory
     "Footprint": "xshare.memory.footprint",
     # errors (pure Python)
@@ -85,7 +85,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; never executed
     from .runtime.runtime import JobHandle as JobHandle
     from .runtime.runtime import Runtime as Runtime
     from .runtime.runtime import run as run
-    from .runtime.models import ModelHandle as ModelHandle
+    from .runtime.hub import ModelHandle as ModelHandle
     from .serving.spec import InferError as InferError
     from .serving.spec import ModelSpec as ModelSpec
     from .serving.spec import model as model

@@ -26,7 +26,8 @@ class Deployments:
         its batches between training steps. HTTP: ``POST /v2/models/{name}/infer``.
         """
         from ..serving.spec import ModelSpec
-        from .models import Deployed, Hub, ModelHandle
+        from .hub import Hub, ModelHandle
+        from .models import Deployed
 
         if not isinstance(spec, ModelSpec):
             raise TypeError(f"deploy takes a model spec from xshare.model(predict, params, inputs=...); "
@@ -64,7 +65,7 @@ class Deployments:
     @property
     def models(self) -> dict[str, Any]:
         """The deployed models' handles, by name."""
-        from .models import ModelHandle
+        from .hub import ModelHandle
 
         hub = self._dispatcher.serving if self._dispatcher is not None else None
         return {} if hub is None else {n: ModelHandle(self, m) for n, m in hub.models.items()}

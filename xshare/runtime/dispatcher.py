@@ -117,7 +117,7 @@ class Dispatcher(Planner, Executor, Groups, Admission, Lifecycle):
         self._last_retire_ns = 0
         self._feed_above = FEED_ABOVE_S_CPU if device.platform == "cpu" else FEED_ABOVE_S
         self._rows: list = []
-        # Deployed models (runtime/models.py Hub), set by Runtime.deploy; None until a model is
+        # Deployed models (runtime/hub.py Hub), set by Runtime.deploy; None until a model is
         # deployed, so a training-only runtime pays nothing for serving.
         self.serving: Any = None
         self.evaluating: dict[int, JobRecord] = {}    # jobs owing an evaluation (evaluation.py)
