@@ -11,10 +11,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 
+from ..sched.capacity import open_capacity, opens_alone
 from . import checkpoint, evaluation, fusion
 from .causes import short_error
 from .compiler import PROGRAMS
-from .groups import _pow2
 from .leaves import layout_of, promoted
 from .records import JobRecord, Prepared
 from .recorder import job_dir
@@ -103,12 +103,15 @@ class Preparation:
         for (job, prep), choice in zip(pairs, choices):
             program = choice.program
             # The group it is about to have: the jobs of this call on its program, or one that
-            # runs alone now and can move in (sweeps.Choice.peers). A lone job runs its solo program.
+            # runs alone now and can move in (sweeps.Choice.peers), or, under a floor
+            # (group_capacity), one of a program others run. A lone job runs its solo program.
+            # Under a floor every group of the program has the floor's capacity, so once the
+            # first is compiled this is a cache hit, however few trials a refill submits.
             prep = dataclasses.replace(prep, program=program, lifted=choice.lifted, traced=choice.traced,
-                                       fuse_hint=together[program.key])
+                                       fuse_hint=together[program.key], shared=choice.shared)
             try:
-                if prep.fuse_hint >= 2 or choice.peers >= 2:
-                    fusion.fused_program(program, max(2, _pow2(prep.fuse_hint)), self.device,
+                if opens_alone(prep.fuse_hint, 0, choice.shared, self.group_capacity) or choice.peers >= 2:
+                    fusion.fused_program(program, open_capacity(prep.fuse_hint, self.group_capacity), self.device,
                                          fenced=fenced, prefetch=self.prefetch, ahead=self.ahead,
                                          group_ahead=self.group_ahead)
                 else:

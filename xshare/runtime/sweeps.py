@@ -32,6 +32,10 @@ class Choice:
     lifted: tuple = ()
     traced: Any = None           # its own literal program read as data (None: not liftable)
     peers: int = 1               # jobs of its family so far, itself included
+    # Whether other jobs of its family run (or ran) this very program: its family's lifted
+    # program, or a literal program equal to the family's first (no constant differs yet). A
+    # job of a family that could not lift what differs runs a program of its own (False).
+    shared: bool = False
 
 
 @dataclass(eq=False)
@@ -73,9 +77,10 @@ class Sweeps:
                 fam = self._families.get(t.skeleton) if t is not None else None
                 peers = len(fam.members) if fam is not None else 1
                 if fam is None or fam.program is None or not set(fam.traced.differing(t)) <= set(fam.positions):
-                    out.append(Choice(p, (), t, peers))
+                    same = fam is not None and peers >= 2 and not fam.traced.differing(t)
+                    out.append(Choice(p, (), t, peers, shared=same))
                 else:
-                    out.append(Choice(fam.program, values_at(t, fam.positions), t, peers))
+                    out.append(Choice(fam.program, values_at(t, fam.positions), t, peers, shared=peers >= 2))
             return out
 
     def adoptable(self, traced: Any, program: CompiledStep) -> tuple | None:

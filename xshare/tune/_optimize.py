@@ -85,7 +85,10 @@ class _Driver:
             self.rt, self.owned = runtime, False
         else:
             self.rt, self.owned = None, True
-            self.runtime_kwargs = {"fuse": True, **dict(runtime or {})}
+            # A study keeps `concurrency` trials running: each fused group opens with a slot for
+            # every one of them and keeps it as pruned trials leave and new ones join (one group
+            # program per model shape; runtime/groups.py, sched/capacity.py).
+            self.runtime_kwargs = {"fuse": True, "group_capacity": concurrency, **dict(runtime or {})}
 
     # ------------------------------------------------------------------ the dispatcher's side
     def hook(self, r: _Running) -> Callable[[int, dict], bool]:
@@ -304,7 +307,11 @@ def optimize(study: optuna.Study, objective: Callable[[optuna.Trial], Any], n_tr
         for a train metric, 20 reports over the job's steps).
       concurrency: trials running at once (default 8: one fused group).
       runtime: a ``Runtime`` to use (left open), or keyword arguments for one (default
-        ``{"fuse": True}``: trials of one program step as one vmapped executable).
+        ``{"fuse": True, "group_capacity": concurrency}``: trials of one program step as one
+        vmapped executable, whose group has a slot for each running trial from the start and
+        keeps it when trials end, so a study compiles one group program per model shape). A
+        ``Runtime`` passed in keeps its own settings: build it with
+        ``Runtime(fuse=True, group_capacity=concurrency)`` for the same.
       timeout: seconds after which no new trial starts (running ones finish).
       catch: exception types from ``objective`` that fail the trial but not the study.
       callbacks: ``callback(study, frozen_trial)`` after each trial is told.
