@@ -100,6 +100,7 @@ class Preparation:
         for choice in choices:
             together[choice.program.key] = together.get(choice.program.key, 0) + 1
         fenced = self._ring is not None
+        fused, alone = [], []   # (job, prep, whether it fuses)
         for (job, prep), choice in zip(pairs, choices):
             program = choice.program
             # The group it is about to have: the jobs of this call on its program, or one that
@@ -109,13 +110,26 @@ class Preparation:
             # first is compiled this is a cache hit, however few trials a refill submits.
             prep = dataclasses.replace(prep, program=program, lifted=choice.lifted, traced=choice.traced,
                                        fuse_hint=together[program.key], shared=choice.shared)
+            if opens_alone(prep.fuse_hint, 0, choice.shared, self.group_capacity) or choice.peers >= 2:
+                fused.append((job, prep, True))
+            else:
+                alone.append((job, prep, False))
+        # Jobs that fuse go first, program by program (each program's jobs are posted right
+        # after its group program compiles: the rest are cache hits), lone jobs' solo programs
+        # last: no compile holds back jobs whose program is ready (on the digits study, the
+        # first wave's four 64-wide trials waited 0.8-1.7 s behind a 128-wide trial's solo compile).
+        first: dict[str, int] = {}
+        for i, (_, prep, _) in enumerate(fused):
+            first.setdefault(prep.program.key, i)
+        fused.sort(key=lambda item: first[item[1].program.key])  # (stable: submission order within)
+        for job, prep, fuses in fused + alone:
             try:
-                if opens_alone(prep.fuse_hint, 0, choice.shared, self.group_capacity) or choice.peers >= 2:
-                    fusion.fused_program(program, open_capacity(prep.fuse_hint, self.group_capacity), self.device,
-                                         fenced=fenced, prefetch=self.prefetch, ahead=self.ahead,
-                                         group_ahead=self.group_ahead)
+                if not fuses:
+                    prep.program.ensure()  # alone in its family: it runs its solo program
                 else:
-                    program.ensure()  # alone in its family: it runs its solo program
+                    fusion.fused_program(prep.program, open_capacity(prep.fuse_hint, self.group_capacity),
+                                         self.device, fenced=fenced, prefetch=self.prefetch, ahead=self.ahead,
+                                         group_ahead=self.group_ahead)
             except Exception as err:  # noqa: BLE001
                 self._dispatcher.post(self._dispatcher.fail_now, job,
                                       f"could not compile its step: {short_error(err)}", err)
