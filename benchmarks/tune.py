@@ -113,13 +113,25 @@ def child(way: str, trials: int, steps: int, every: int) -> dict:
     from jax import monitoring
 
     # Every XLA compile in the process, whoever asked (the ways' steps and evals, xshare's group
-    # programs, slot moves and vmapped evals, and the model inits' eager ops, which all ways run).
+    # programs, slot moves and vmapped evals, and the model inits' eager ops, which all ways run),
+    # and by site: the innermost frame of the compiling thread in this project's code
+    # (``fusion.py:fused_program`` a group program, ``fusion.py:<lambda>`` its slot moves,
+    # ``compiler.py:shared`` an eval, ``program.py:ensure`` a solo step, ``digits.py:*`` the
+    # model's init; a plain way's own jits show as ``tune.py:objective``).
+    import traceback
+
     compiles = [0, 0.0]
+    sites: dict = {}
 
     def on_duration(event: str, seconds: float, **_: object) -> None:
         if event == "/jax/core/compile/backend_compile_duration":
             compiles[0] += 1
             compiles[1] += seconds
+            frames = [f for f in traceback.extract_stack()
+                      if any(d in f.filename for d in ("/xshare/", "/models/", "/benchmarks/"))]
+            site = f"{Path(frames[-1].filename).name}:{frames[-1].name}" if frames else "other"
+            n, s = sites.get(site, (0, 0.0))
+            sites[site] = (n + 1, s + seconds)
 
     monitoring.register_event_duration_secs_listener(on_duration)
     t0 = time.perf_counter()
@@ -130,7 +142,9 @@ def child(way: str, trials: int, steps: int, every: int) -> dict:
     return {"way": way, "wall_s": wall, "trials": len(states), "complete": states.count("COMPLETE"),
             "pruned": states.count("PRUNED"), "failed": states.count("FAIL"), "steps_trained": trained,
             "best_val_accuracy": best, "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-            "xla_compiles": compiles[0], "xla_compile_s": compiles[1]}
+            "xla_compiles": compiles[0], "xla_compile_s": compiles[1],
+            "compiles_by_site": {k: {"n": n, "s": round(s, 3)} for k, (n, s) in
+                                 sorted(sites.items(), key=lambda kv: -kv[1][1])}}
 
 
 def eval_cost(jobs: int = 8, steps: int = 600, repeats: int = 3) -> list[dict]:

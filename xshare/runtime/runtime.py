@@ -86,8 +86,9 @@ class Runtime(Preparation, Deployments):
         others run, and never shrinks below it, so a workload that keeps about this many jobs of
         a program running (a study's ``concurrency``: ``xshare.tune.optimize`` sets it) compiles
         one group program per program instead of one per size its membership passes through.
-        Empty slots are computed and masked away. None (default): groups open for the jobs at
-        hand and shrink when three quarters of their slots are empty.
+        Empty slots are computed and masked away, and the arena reserves their memory (a group
+        that does not fit leaves its jobs to run alone). None (default): groups open for the
+        jobs at hand and shrink when three quarters of their slots are empty.
     """
 
     def __init__(self, policy: str | Any = "pack", memory: int | str | None = None, *,
