@@ -127,7 +127,7 @@ def child(way: str, trials: int, steps: int, every: int) -> dict:
         if event == "/jax/core/compile/backend_compile_duration":
             compiles[0] += 1
             compiles[1] += seconds
-            frames = [f for f in traceback.extract_stack()
+            frames = [f for f in traceback.extract_stack()[:-1]  # (not this listener)
                       if any(d in f.filename for d in ("/xshare/", "/models/", "/benchmarks/"))]
             site = f"{Path(frames[-1].filename).name}:{frames[-1].name}" if frames else "other"
             n, s = sites.get(site, (0, 0.0))
@@ -138,9 +138,15 @@ def child(way: str, trials: int, steps: int, every: int) -> dict:
     study, trained = (_plain if way.startswith(("a_", "b_", "c_")) else _xshare)(way, trials, steps, every)
     wall = time.perf_counter() - t0
     states = [t.state.name for t in study.trials]
+    # Steps a pruned trial trained past the report that pruned it (xshare: the decision is taken
+    # off the dispatcher and lands at a later step boundary, behind the steps in flight; the
+    # plain ways stop at the report itself, so theirs is 0).
+    past = sum(t.user_attrs.get("xshare_steps", 0) - t.user_attrs["xshare_pruned_at"]
+               for t in study.trials if "xshare_pruned_at" in t.user_attrs)
     best = max((t.value for t in study.trials if t.state.name == "COMPLETE"), default=None)
     return {"way": way, "wall_s": wall, "trials": len(states), "complete": states.count("COMPLETE"),
             "pruned": states.count("PRUNED"), "failed": states.count("FAIL"), "steps_trained": trained,
+            "steps_past_pruning": past,
             "best_val_accuracy": best, "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "xla_compiles": compiles[0], "xla_compile_s": compiles[1],
             "compiles_by_site": {k: {"n": n, "s": round(s, 3)} for k, (n, s) in
