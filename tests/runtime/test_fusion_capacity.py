@@ -114,3 +114,46 @@ def test_group_capacity_must_be_a_positive_int(bad):
     with pytest.raises(ValueError, match=re.escape(f"group_capacity={bad!r} must be an int >= 1 "
                                                    "(slots per fused group), or None")):
         xshare.Runtime(memory="256MiB", fuse=True, group_capacity=bad)
+
+
+def _baked(lr: float, dim: int, seed: int, data, steps=None, name=None) -> xshare.JobSpec:
+    """Linear regression with ``lr`` baked in as a Python float: a family of literal programs
+    that the runtime lifts into one."""
+    def step(state, batch):
+        loss, g = jax.value_and_grad(lambda w: jnp.mean((batch["x"] @ w - batch["y"]) ** 2))(state["w"])
+        return {"w": state["w"] - lr * g}, {"loss": loss}
+
+    return xshare.job(step).bind({"w": linreg_state(dim=dim, seed=seed)["w"]}, data, steps=steps, name=name)
+
+
+def test_a_later_job_its_familys_program_covers_is_never_lowered_alone_and_computes_the_same(monkeypatch):
+    from xshare.runtime.compiler import PROGRAMS
+
+    dim, steps = 31, 300
+    lrs = (0.01, 0.02, 0.03)
+    # Runtime A: two jobs lift lr into one program; the third arrives alone while they run and
+    # is matched to that program from its jaxpr alone (prepare._covering).
+    first = [_baked(lr, dim, i, _slow(dim, i, steps), name=f"a{i}") for i, lr in enumerate(lrs[:2])]
+    with xshare.Runtime(policy="pack", memory="256MiB", fuse=True, group_capacity=4) as rt:
+        handles = rt.submit_many(first)
+        while handles[0].progress().steps_done < 20:
+            time.sleep(0.001)
+        lowered = []
+        get = PROGRAMS.get
+        monkeypatch.setattr(PROGRAMS, "get", lambda *a, **k: lowered.append(1) or get(*a, **k))
+        later = rt.submit(_baked(lrs[2], dim, 2, linreg_data(dim=dim, seed=2), steps=100, name="later"))
+        handles.append(later)
+        seen = _watch(rt, handles)
+        rt.wait()
+        monkeypatch.setattr(PROGRAMS, "get", get)
+    assert all(h.status() == "done" for h in handles), [h.error for h in handles]
+    assert lowered == [], "the covered job was lowered on its own"
+    assert seen == {4}
+    # Runtime B: the same third job submitted with its family (the full path: lowered, then
+    # assigned): in a group of the same capacity it computes the same bits.
+    together = [_baked(lr, dim, i, linreg_data(dim=dim, seed=i), steps=100, name=f"b{i}")
+                for i, lr in enumerate(lrs)]
+    with xshare.Runtime(policy="pack", memory="256MiB", fuse=True, group_capacity=4) as rt:
+        again = rt.submit_many(together)
+        rt.wait()
+    assert_trees_equal(later.result()[0], again[2].result()[0])

@@ -86,6 +86,7 @@ class Prepared:
     fuse_hint: int = 1
     shared: bool = False                  # other jobs run its program (sweeps.Choice.shared)
     eval: Any = None                      # its Evaluation (evaluation.py), compiled beside the step
+    choice: Any = None                    # its family's program, matched before lowering (prepare._covering)
 
 
 @dataclass(eq=False)

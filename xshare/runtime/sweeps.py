@@ -83,6 +83,26 @@ class Sweeps:
                     out.append(Choice(fam.program, values_at(t, fam.positions), t, peers, shared=peers >= 2))
             return out
 
+    def lifting(self) -> bool:
+        """Whether any family has a lifted program yet (else ``covering`` cannot answer)."""
+        with self._lock:
+            return any(fam.program is not None for fam in self._families.values())
+
+    def covering(self, traced: Any, metric_names: tuple) -> Choice | None:
+        """What ``assign`` would answer for a job whose step reads as ``traced`` when its family
+        already has a lifted program that covers it (its constants differ from the family's only
+        where that program takes them as operands): that program and its values, the job counted
+        a member. None: its literal program is needed (``assign``). A study's later trials are
+        answered here from their jaxpr alone, never lowered on their own."""
+        with self._lock:
+            fam = self._families.get(traced.skeleton)
+            if fam is None or fam.program is None or fam.refused or fam.program.metric_names != metric_names:
+                return None
+            if not set(fam.traced.differing(traced)) <= set(fam.positions):
+                return None
+            fam.members.append(traced)
+            return Choice(fam.program, values_at(traced, fam.positions), traced, len(fam.members), shared=True)
+
     def adoptable(self, traced: Any, program: CompiledStep) -> tuple | None:
         """The lifted values with which a job whose literal program reads as ``traced`` can run
         ``program`` (a family's lifted program), or None if it cannot."""
