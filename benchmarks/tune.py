@@ -17,7 +17,9 @@ same order) and MedianPruner(n_startup_trials=5). The search: lr (log 1e-4..3e-2
   * f_xshare_fused_state: fused, hyperparameters in state (trials of one shape fuse).
 
 Each way runs in a fresh process (its clock includes every compile; its peak RSS is its own).
-Reports wall time, trials completed/pruned/failed, steps trained, best validation accuracy.
+Reports wall time, trials completed/pruned/failed, steps trained, best validation accuracy, peak
+RSS, and the XLA compiles the process ran with their seconds (``jax.monitoring``; the model
+inits' eager ops included, which every way runs).
 
 usage: python -m benchmarks.tune [--trials 64] [--steps 300] [--every 25] [--ways a,b,...] [--smoke] [--out DIR]
 """
@@ -108,14 +110,47 @@ def _xshare(way: str, trials: int, steps: int, every: int) -> tuple:
 
 def child(way: str, trials: int, steps: int, every: int) -> dict:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    from jax import monitoring
+
+    # Every XLA compile in the process, whoever asked (the ways' steps and evals, xshare's group
+    # programs, slot moves and vmapped evals, and the model inits' eager ops, which all ways run),
+    # and by site: the innermost frame of the compiling thread in this project's code
+    # (``fusion.py:fused_program`` a group program, ``fusion.py:<lambda>`` its slot moves,
+    # ``compiler.py:shared`` an eval, ``program.py:ensure`` a solo step, ``digits.py:*`` the
+    # model's init; a plain way's own jits show as ``tune.py:objective``).
+    import traceback
+
+    compiles = [0, 0.0]
+    sites: dict = {}
+
+    def on_duration(event: str, seconds: float, **_: object) -> None:
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles[0] += 1
+            compiles[1] += seconds
+            frames = [f for f in traceback.extract_stack()[:-1]  # (not this listener)
+                      if any(d in f.filename for d in ("/xshare/", "/models/", "/benchmarks/"))]
+            site = f"{Path(frames[-1].filename).name}:{frames[-1].name}" if frames else "other"
+            n, s = sites.get(site, (0, 0.0))
+            sites[site] = (n + 1, s + seconds)
+
+    monitoring.register_event_duration_secs_listener(on_duration)
     t0 = time.perf_counter()
     study, trained = (_plain if way.startswith(("a_", "b_", "c_")) else _xshare)(way, trials, steps, every)
     wall = time.perf_counter() - t0
     states = [t.state.name for t in study.trials]
+    # Steps a pruned trial trained past the report that pruned it (xshare: the decision is taken
+    # off the dispatcher and lands at a later step boundary, behind the steps in flight; the
+    # plain ways stop at the report itself, so theirs is 0).
+    past = sum(t.user_attrs.get("xshare_steps", 0) - t.user_attrs["xshare_pruned_at"]
+               for t in study.trials if "xshare_pruned_at" in t.user_attrs)
     best = max((t.value for t in study.trials if t.state.name == "COMPLETE"), default=None)
     return {"way": way, "wall_s": wall, "trials": len(states), "complete": states.count("COMPLETE"),
             "pruned": states.count("PRUNED"), "failed": states.count("FAIL"), "steps_trained": trained,
-            "best_val_accuracy": best, "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+            "steps_past_pruning": past,
+            "best_val_accuracy": best, "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "xla_compiles": compiles[0], "xla_compile_s": compiles[1],
+            "compiles_by_site": {k: {"n": n, "s": round(s, 3)} for k, (n, s) in
+                                 sorted(sites.items(), key=lambda kv: -kv[1][1])}}
 
 
 def eval_cost(jobs: int = 8, steps: int = 600, repeats: int = 3) -> list[dict]:
@@ -163,13 +198,15 @@ def run_way(way: str, trials: int, steps: int, every: int) -> dict:
 
 def table(rows: list[dict]) -> str:
     base = next((r for r in rows if r["way"] == "a_plain"), None)
-    lines = ["| way | wall s | vs a_plain | trials (done/pruned/failed) | steps trained | best val acc | peak RSS MiB |",
-             "|---|---:|---:|---|---:|---:|---:|"]
+    lines = ["| way | wall s | vs a_plain | trials (done/pruned/failed) | steps trained | best val acc | peak RSS MiB "
+             "| XLA compiles (s) |",
+             "|---|---:|---:|---|---:|---:|---:|---:|"]
     for r in rows:
         ratio = f"{base['wall_s'] / r['wall_s']:.2f}x" if base else "-"
         best = "-" if r["best_val_accuracy"] is None else f"{r['best_val_accuracy']:.4f}"
         lines.append(f"| {r['way']} | {r['wall_s']:.1f} | {ratio} | {r['trials']} ({r['complete']}/{r['pruned']}/"
-                     f"{r['failed']}) | {r['steps_trained']} | {best} | {r['peak_rss_bytes'] / 2**20:.0f} |")
+                     f"{r['failed']}) | {r['steps_trained']} | {best} | {r['peak_rss_bytes'] / 2**20:.0f} "
+                     f"| {r.get('xla_compiles', '-')} ({r.get('xla_compile_s', 0):.1f}) |")
     return "\n".join(lines)
 
 

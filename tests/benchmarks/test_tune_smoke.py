@@ -27,4 +27,5 @@ def test_tune_benchmark_smoke(tmp_path: Path) -> None:
     for r in rows:
         assert r["trials"] == 4 and r["complete"] + r["pruned"] + r["failed"] == 4 and r["failed"] == 0
         assert 0 < r["steps_trained"] <= 4 * 20 and r["best_val_accuracy"] > 0.1
+        assert r["xla_compiles"] > 0 and r["xla_compile_s"] > 0  # each way compiles its step at least
     assert "| a_plain |" in (tmp_path / "results.md").read_text()

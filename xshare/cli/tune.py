@@ -119,6 +119,7 @@ def _study(plan: Any, run_dir: Path, args: argparse.Namespace) -> int:
     import xshare.tune
     from xshare.cli import render
     from xshare.cli.spec.resolve import resolve_entry
+    from xshare.tune._optimize import DEFAULT_CONCURRENCY
 
     out = render.console()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -156,7 +157,9 @@ def _study(plan: Any, run_dir: Path, args: argparse.Namespace) -> int:
 
     from xshare.runtime.compiler import enable_persistent_cache
     enable_persistent_cache()
+    # (group_capacity: one fused group program per model shape, as optimize's own runtime has)
     rt = xshare.Runtime(**plan.runtime.as_kwargs(), log_dir=str(run_dir),
+                        group_capacity=t.concurrency or DEFAULT_CONCURRENCY,
                         status_port=None if args.status_port < 0 else args.status_port)
     code = EXIT_OK
     try:

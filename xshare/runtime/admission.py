@@ -45,6 +45,7 @@ class Admission:
         job.program, job.spec, job.source = program, prepared.spec, prepared.source
         job.layout, job.batch_layout = prepared.layout, prepared.batch_layout
         job.lifted, job.traced, job.fuse_hint = prepared.lifted, prepared.traced, prepared.fuse_hint
+        job.shared = prepared.shared
         job.eval = prepared.eval
         if prepared.restored_metrics is not None:
             job.restored_metrics = prepared.restored_metrics

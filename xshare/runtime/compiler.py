@@ -33,7 +33,7 @@ from ..memory.footprint import Footprint
 from .leaves import Promote, layout_of
 from .program import (  # noqa: F401 - re-exported: the compiler's public names
     ASSUMED_FLOPS_PER_S, DONATE, CompiledStep, _avals, _flops, abstract, flat_step, has_host_callback,
-    lower_unfenced, program_key, tree_nbytes)
+    lower_unfenced, program_key, trace_unfenced, tree_nbytes)
 
 
 class ProgramCache:
@@ -67,6 +67,24 @@ class ProgramCache:
                 # The step changed a Python number of its state: trace again with it carried
                 # as an array, as jax.jit would (each round adds at least one leaf).
                 promote = promote | more.indices
+
+    def trace(self, job: Any, state: Any, batch: Any, *, device: Any) -> tuple[Any, frozenset, tuple]:
+        """``(jaxpr, promoted, metric names)`` of ``job``'s step over carried arrays: traced as
+        ``get`` traces it (Python numbers the step changes promoted to arrays), not lowered, not
+        keyed, not cached. What a fused runtime needs to match a job to a family program that
+        already covers it (``sweeps.Sweeps.covering``) without paying for its own lowering."""
+        promote: frozenset = frozenset()
+        while True:
+            state_arrays, state_layout = layout_of(state, promote)
+            batch_arrays, batch_layout = layout_of(batch)
+            names: list[tuple[str, ...]] = []
+            flat = flat_step(job.fn, state_layout, batch_layout, names)
+            try:
+                jaxpr = trace_unfenced(flat, abstract(state_arrays, device), abstract(batch_arrays, device))
+            except Promote as more:
+                promote = promote | more.indices
+                continue
+            return jaxpr, promote, names[0]
 
     def _get_layout(self, job: Any, state: Any, batch: Any, promote: frozenset, *, device: Any,
                     fenced: bool) -> CompiledStep:

@@ -74,6 +74,7 @@ class DispatchConfig:
     checkpoint_dir: Any = None
     capacity_source: str = ""        # where the arena's size came from (for refusals)
     fuse: bool = False
+    group_capacity: int | None = None  # fused groups' floor (sched/capacity.py); None: none
     ids: Iterator[int] = field(default_factory=itertools.count)  # shared with jobs: group ids
     debug_ownership: bool = False
 

@@ -3,7 +3,9 @@
 A group (``fusion.Group``) is one runnable unit to the planner and one reservation in the arena;
 its members stay jobs. There is no group of one: a group opens for jobs submitted together, or
 when a later job finds running jobs of its program (or of its constant-lifted family, see
-``sweeps``) that it can adopt at a step boundary. Runs on the dispatcher thread only.
+``sweeps``) that it can adopt at a step boundary. Under a runtime's ``group_capacity`` (a floor,
+``sched/capacity.py``) groups open with at least that many slots, a lone job of a program others
+run opens one, and a group never shrinks below it. Runs on the dispatcher thread only.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import jax
 
 from .. import ffi
 from ..memory import Admitted
+from ..sched.capacity import open_capacity, opens_alone, shrink_pays, shrink_target
 from . import fusion
 from .causes import short_error
 from .fusion import Group
@@ -44,10 +47,12 @@ class Groups:
         if group is None and not same:
             # No group of one: a group opens for jobs submitted together, or with jobs of this
             # program (or its unlifted family) that run alone now and move in at this boundary.
+            # With a floor (``group_capacity``), a job of a program others run opens it alone.
             solos = self._adoptable(job)
-            if job.fuse_hint < 2 and not solos:
+            floor = self.config.group_capacity
+            if not opens_alone(job.fuse_hint, len(solos), job.shared, floor):
                 return False
-            group = self._open_group(job.program, max(2, _pow2(job.fuse_hint + len(solos))))
+            group = self._open_group(job.program, open_capacity(job.fuse_hint + len(solos), floor))
         if group is None:
             return False
         for solo, lifted in solos:
@@ -141,25 +146,27 @@ class Groups:
         """Repack a group whose members fit in a quarter of its slots into a smaller one: the
         step then costs what its members need (their slots move; their states do not change)."""
         members = [(i, j) for i, j in enumerate(group.slots) if j is not None]
-        capacity = max(2, _pow2(len(members)))
-        if capacity * 4 > group.capacity or group.in_flight:
+        if group.in_flight:
             return
         fenced = self.ring is not None
-        if not fusion.cached(group.program, capacity, fenced=fenced, **self._staging()):
-            # Compiling the smaller program (here, on the dispatcher) pays only if the members
-            # have enough steps left to win that time back; a sweep ending in lockstep does not.
+        # Compiling the smaller program (here, on the dispatcher) pays only if the members have
+        # enough steps left to win that time back (a sweep ending in lockstep does not), and
+        # never below the runtime's floor (sched/capacity.py).
+        target = shrink_target(len(members), group.capacity, self.config.group_capacity)
+        if target is None:
+            return
+        if not fusion.cached(group.program, target, fenced=fenced, **self._staging()):
             lefts = [j.steps_left for _, j in members]
-            left = None if any(x is None for x in lefts) else max(lefts, default=0)
-            saved_s = (left if left is not None else 10**6) * group.step_estimate_s(
-                self.timeline.flops_per_s) * (1 - capacity / group.capacity)
-            if saved_s < 2 * group.fused.compile_s:
+            if not shrink_pays(target, group.capacity,
+                               steps_left=None if any(x is None for x in lefts) else max(lefts, default=0),
+                               step_s=group.step_estimate_s(self.timeline.flops_per_s),
+                               compile_s=group.fused.compile_s):
                 return
-        smaller = fusion.fused_program(group.program, capacity, self.device,
-                                       fenced=self.ring is not None, **self._staging())
+        smaller = fusion.fused_program(group.program, target, self.device, fenced=fenced, **self._staging())
         if not self._resize(group, smaller):
             return
-        group.arrays = fusion.regroup(group.arrays, [i for i, _ in members], capacity)
-        group.slots = [j for _, j in members] + [None] * (capacity - len(members))
+        group.arrays = fusion.regroup(group.arrays, [i for i, _ in members], target)
+        group.slots = [j for _, j in members] + [None] * (target - len(members))
         for slot, job in enumerate(group.slots):
             if job is not None:
                 job.slot = slot
@@ -196,8 +203,3 @@ class Groups:
         group.arrays = group.ident = None
         self._dirty = True
         self._admitted(self.arena.release(group.id))
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(int(n) - 1, 0).bit_length()
-

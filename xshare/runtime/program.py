@@ -148,6 +148,12 @@ def program_key(text: str, *, state_avals: tuple, batch_avals: tuple, keys: tupl
     return digest.hexdigest()
 
 
+def trace_unfenced(flat: Callable, state_struct: list, batch_struct: list) -> Any:
+    """The jaxpr of ``flat`` over the structs, as ``lower_unfenced`` traces it, without lowering
+    (lowering costs about as much again as tracing: ~40 ms for the digits model on CPU)."""
+    return jax.jit(flat, donate_argnums=DONATE).trace(state_struct, batch_struct).jaxpr
+
+
 def lower_unfenced(flat: Callable, state_struct: list, batch_struct: list) -> tuple[Any, Any]:
     """(the jaxpr, the lowering) of ``flat`` over the structs: one trace gives both."""
     with warnings.catch_warnings():

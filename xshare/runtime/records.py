@@ -85,7 +85,9 @@ class Prepared:
     lifted: tuple = ()
     traced: Any = None
     fuse_hint: int = 1
+    shared: bool = False                  # other jobs run its program (sweeps.Choice.shared)
     eval: Any = None                      # its Evaluation (evaluation.py), compiled beside the step
+    choice: Any = None                    # its family's program, matched before lowering (prepare._covering)
 
 
 @dataclass(eq=False)
@@ -121,6 +123,7 @@ class JobRecord:
     group: Any = None                     # the fusion group it steps in (fuse=True), and its slot
     slot: int | None = None
     fuse_hint: int = 1                    # jobs of its submit_many call with the same step
+    shared: bool = False                  # other jobs of its family run its program (fused runtimes)
     # Counters (the dispatcher's).
     dispatched: int = 0                   # steps dispatched since start_step
     steps_done: int = 0                   # steps completed since start_step

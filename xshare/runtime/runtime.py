@@ -81,6 +81,14 @@ class Runtime(Preparation, Deployments):
       compile_workers: threads that trace and compile jobs (cache misses only).
       fuse: run jobs that share a program as fused groups: one vmapped executable steps them
         all, each still its own job (README: "Fused sweeps"). Off by default.
+      group_capacity: with ``fuse``, the slots every fused group has at least (rounded up to a
+        power of two): a group opens with room for this many jobs, even for one job of a program
+        others run, and never shrinks below it, so a workload that keeps about this many jobs of
+        a program running (a study's ``concurrency``: ``xshare.tune.optimize`` sets it) compiles
+        one group program per program instead of one per size its membership passes through.
+        Empty slots are computed and masked away, and the arena reserves their memory (a group
+        that does not fit leaves its jobs to run alone). None (default): groups open for the
+        jobs at hand and shrink when three quarters of their slots are empty.
     """
 
     def __init__(self, policy: str | Any = "pack", memory: int | str | None = None, *,
@@ -89,7 +97,7 @@ class Runtime(Preparation, Deployments):
                  status_port: int | None = None, status_host: str = "127.0.0.1",
                  checkpoint_dir: str | os.PathLike | None = None, checkpoint_every: int | None = None,
                  resume: bool = False, max_lanes: int | None = None, slots: int = 1,
-                 compile_workers: int = 1, fuse: bool = False):
+                 compile_workers: int = 1, fuse: bool = False, group_capacity: int | None = None):
         self.policy = sched.get_policy(policy)
         group_ahead = dispatch_ahead
         if dispatch_ahead is None:
@@ -102,6 +110,9 @@ class Runtime(Preparation, Deployments):
                                  ("compile_workers", compile_workers, 1)):
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ValueError(f"{name}={value!r} must be an int >= {low}")
+        if group_capacity is not None and (not isinstance(group_capacity, int) or isinstance(group_capacity, bool)
+                                           or group_capacity < 1):
+            raise ValueError(f"group_capacity={group_capacity!r} must be an int >= 1 (slots per fused group), or None")
         if checkpoint_every is not None and (not isinstance(checkpoint_every, int) or checkpoint_every < 1):
             raise ValueError(f"checkpoint_every={checkpoint_every!r} must be an int >= 1 (steps), or None")
         ckpt = checkpoint_dir if checkpoint_dir is not None else log_dir
@@ -134,6 +145,7 @@ class Runtime(Preparation, Deployments):
         self._closed = False
         self.timeline_ = Timeline(self._ring, self._unit)
         self.fuse = bool(fuse)
+        self.group_capacity = group_capacity if self.fuse else None  # (the compile pool's copy)
         self.recorder = Recorder(log_dir=self.log_dir, checkpoint_dir=self.checkpoint_dir, t0=self.t0,
                                  tick=self.timeline_.drain if self._ring is not None else None)
         self._dispatcher: Dispatcher | None = None
@@ -144,7 +156,8 @@ class Runtime(Preparation, Deployments):
             on_end=self._job_ended, config=DispatchConfig(
                 quantum=quantum, slots=slots, dispatch_ahead=dispatch_ahead, group_ahead=group_ahead,
                 prefetch=prefetch, checkpoint_every=checkpoint_every, checkpoint_dir=self.checkpoint_dir,
-                capacity_source=self.capacity_source, fuse=self.fuse, ids=self._ids,
+                capacity_source=self.capacity_source, fuse=self.fuse, group_capacity=self.group_capacity,
+                ids=self._ids,
                 debug_ownership=debug_ownership_default()))
         self._sweeps = Sweeps(self.device)     # fused runtimes: which program each job runs
         self._dispatcher.sweeps = self._sweeps

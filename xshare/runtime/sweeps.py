@@ -32,6 +32,10 @@ class Choice:
     lifted: tuple = ()
     traced: Any = None           # its own literal program read as data (None: not liftable)
     peers: int = 1               # jobs of its family so far, itself included
+    # Whether other jobs of its family run (or ran) this very program: its family's lifted
+    # program, or a literal program equal to the family's first (no constant differs yet). A
+    # job of a family that could not lift what differs runs a program of its own (False).
+    shared: bool = False
 
 
 @dataclass(eq=False)
@@ -73,10 +77,31 @@ class Sweeps:
                 fam = self._families.get(t.skeleton) if t is not None else None
                 peers = len(fam.members) if fam is not None else 1
                 if fam is None or fam.program is None or not set(fam.traced.differing(t)) <= set(fam.positions):
-                    out.append(Choice(p, (), t, peers))
+                    same = fam is not None and peers >= 2 and not fam.traced.differing(t)
+                    out.append(Choice(p, (), t, peers, shared=same))
                 else:
-                    out.append(Choice(fam.program, values_at(t, fam.positions), t, peers))
+                    out.append(Choice(fam.program, values_at(t, fam.positions), t, peers, shared=peers >= 2))
             return out
+
+    def lifting(self) -> bool:
+        """Whether any family has a lifted program yet (else ``covering`` cannot answer)."""
+        with self._lock:
+            return any(fam.program is not None for fam in self._families.values())
+
+    def covering(self, traced: Any, metric_names: tuple) -> Choice | None:
+        """What ``assign`` would answer for a job whose step reads as ``traced`` when its family
+        already has a lifted program that covers it (its constants differ from the family's only
+        where that program takes them as operands): that program and its values, the job counted
+        a member. None: its literal program is needed (``assign``). A study's later trials are
+        answered here from their jaxpr alone, never lowered on their own."""
+        with self._lock:
+            fam = self._families.get(traced.skeleton)
+            if fam is None or fam.program is None or fam.refused or fam.program.metric_names != metric_names:
+                return None
+            if not set(fam.traced.differing(traced)) <= set(fam.positions):
+                return None
+            fam.members.append(traced)
+            return Choice(fam.program, values_at(traced, fam.positions), traced, len(fam.members), shared=True)
 
     def adoptable(self, traced: Any, program: CompiledStep) -> tuple | None:
         """The lifted values with which a job whose literal program reads as ``traced`` can run

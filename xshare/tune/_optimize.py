@@ -75,6 +75,7 @@ class _Driver:
         self.study, self.objective, self.metric = study, objective, metric
         self.report_every, self.catch, self.callbacks = report_every, catch, list(callbacks or ())
         self.concurrency, self.timeout = concurrency, timeout
+        self.signals: _sigterm_as_interrupt = _sigterm_as_interrupt()  # (optimize sets the active one)
         self.events: queue.SimpleQueue = queue.SimpleQueue()
         self.running: dict[int, _Running] = {}
         self.closing = False
@@ -85,7 +86,10 @@ class _Driver:
             self.rt, self.owned = runtime, False
         else:
             self.rt, self.owned = None, True
-            self.runtime_kwargs = {"fuse": True, **dict(runtime or {})}
+            # A study keeps `concurrency` trials running: each fused group opens with a slot for
+            # every one of them and keeps it as pruned trials leave and new ones join (one group
+            # program per model shape; runtime/groups.py, sched/capacity.py).
+            self.runtime_kwargs = {"fuse": True, "group_capacity": concurrency, **dict(runtime or {})}
 
     # ------------------------------------------------------------------ the dispatcher's side
     def hook(self, r: _Running) -> Callable[[int, dict], bool]:
@@ -123,6 +127,7 @@ class _Driver:
             batch = self.pending = []  # asked, not yet submitted (abandon tells them too)
             while (self.to_start > 0 and len(self.running) + len(batch) < self.concurrency
                    and (deadline is None or time.monotonic() < deadline)):
+                self.signals.check()
                 self.to_start -= 1
                 started = self.start_one()
                 if started is not None:
@@ -134,6 +139,7 @@ class _Driver:
             if not self.running:
                 return
             self.decide(block=True)
+            self.signals.check()  # (a signal whose KeyboardInterrupt was swallowed: see below)
             for number, r in list(self.running.items()):
                 if r.handle.status() in ("done", "failed", "cancelled"):
                     self.decide(block=False)  # its last reports were queued before it ended
@@ -304,7 +310,11 @@ def optimize(study: optuna.Study, objective: Callable[[optuna.Trial], Any], n_tr
         for a train metric, 20 reports over the job's steps).
       concurrency: trials running at once (default 8: one fused group).
       runtime: a ``Runtime`` to use (left open), or keyword arguments for one (default
-        ``{"fuse": True}``: trials of one program step as one vmapped executable).
+        ``{"fuse": True, "group_capacity": concurrency}``: trials of one program step as one
+        vmapped executable, whose group has a slot for each running trial from the start and
+        keeps it when trials end, so a study compiles one group program per model shape). A
+        ``Runtime`` passed in keeps its own settings: build it with
+        ``Runtime(fuse=True, group_capacity=concurrency)`` for the same.
       timeout: seconds after which no new trial starts (running ones finish).
       catch: exception types from ``objective`` that fail the trial but not the study.
       callbacks: ``callback(study, frozen_trial)`` after each trial is told.
@@ -333,7 +343,8 @@ def optimize(study: optuna.Study, objective: Callable[[optuna.Trial], Any], n_tr
     catch = (catch,) if isinstance(catch, type) else tuple(catch)
     driver = _Driver(study, objective, n_trials, metric, report_every, concurrency or DEFAULT_CONCURRENCY,
                      runtime, timeout, catch, callbacks)
-    with _sigterm_as_interrupt():
+    with _sigterm_as_interrupt() as signals:
+        driver.signals = signals
         try:
             driver.run()
         except KeyboardInterrupt:
@@ -350,17 +361,37 @@ def optimize(study: optuna.Study, objective: Callable[[optuna.Trial], Any], n_tr
 
 class _sigterm_as_interrupt:
     """SIGTERM raises KeyboardInterrupt while optimize runs (main thread only), so both end
-    the study the same way; the previous handler comes back afterwards."""
+    the study the same way; the previous handlers come back afterwards.
+
+    A KeyboardInterrupt raised by a signal handler lands in whatever Python code the main thread
+    runs at that moment, and CPython drops it (\"Exception ignored in ...\") when that is a garbage
+    collector callback (jax registers one), a ``__del__`` or a weakref callback: the signal is
+    then lost, and the study runs to its end. So the handler also records the signal, and the
+    driver raises it again at its next turn (``check``, within a poll of 20 ms). SIGINT gets the
+    same handler while Python's default one is installed (a handler of the caller's is left alone)."""
+
+    def __init__(self):
+        self.previous: dict = {}
+        self.pending = False
 
     def __enter__(self):
-        self.previous = None
         if threading.current_thread() is threading.main_thread():
             def handler(signum, frame):
+                self.pending = True
                 raise KeyboardInterrupt
-            self.previous = signal.signal(signal.SIGTERM, handler)
+            self.previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, handler)
+            if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+                self.previous[signal.SIGINT] = signal.signal(signal.SIGINT, handler)
         return self
 
+    def check(self) -> None:
+        """Raise the KeyboardInterrupt of a signal that was received but never delivered."""
+        if self.pending:
+            self.pending = False
+            raise KeyboardInterrupt
+
     def __exit__(self, *exc):
-        if self.previous is not None:
-            signal.signal(signal.SIGTERM, self.previous)
+        for signum, previous in self.previous.items():
+            signal.signal(signum, previous)
+        self.previous.clear()
         return False
