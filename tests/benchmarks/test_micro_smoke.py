@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -34,12 +35,33 @@ def _run(name: str, out: Path, extra: list[str]) -> subprocess.CompletedProcess:
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
 
 
+@pytest.fixture(scope="module")
+def smoke_runs(request, tmp_path_factory):
+    """Every selected script's smoke run, started at once, two at a time: each is a fresh
+    process that mostly imports and compiles on one core, so on this 2-core machine two side
+    by side take about half the time of one after another (the suite's budget). Each test waits
+    for its own."""
+    selected = {item.callspec.params["result"] for item in request.session.items
+                if item.originalname == "test_smoke_writes_results"}
+    base = tmp_path_factory.mktemp("smoke")
+    pool = ThreadPoolExecutor(max_workers=2)
+    runs = {}
+    for name, extra, result in SCRIPTS:
+        if result in selected:
+            out = base / result
+            out.mkdir()
+            runs[result] = (out, pool.submit(_run, name, out, extra))
+    yield runs
+    pool.shutdown(wait=True)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name,extra,result", SCRIPTS, ids=[r for _, _, r in SCRIPTS])
-def test_smoke_writes_results(name: str, extra: list[str], result: str, tmp_path: Path) -> None:
-    proc = _run(name, tmp_path, extra)
+def test_smoke_writes_results(name: str, extra: list[str], result: str, smoke_runs) -> None:
+    out, run = smoke_runs[result]
+    proc = run.result()
     assert proc.returncode == 0, proc.stderr[-4000:]
-    _check_results(proc, tmp_path, name, result)
+    _check_results(proc, out, name, result)
 
 
 def _check_results(proc: subprocess.CompletedProcess, tmp_path: Path, name: str, result: str) -> dict:
