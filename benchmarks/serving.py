@@ -323,7 +323,13 @@ def plot(cases: list[dict[str, Any]], path: Path) -> None:
     ax.set_yscale("log")
     ax.set_xlabel("percentile of requests")
     ax.set_ylabel("latency, ms (from scheduled arrival)")
-    ax.set_title("Request latency per case (open-loop Poisson load)")
+    _save(fig, ax, "Request latency per case (open-loop Poisson load)", path)
+
+
+def _save(fig: Any, ax: Any, title: str, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -512,12 +518,7 @@ def plot_count(points: dict[str, list[dict[str, Any]]], summary: dict[str, Any],
     ax.set_xscale("symlog", linthresh=1)
     ax.set_xlabel("models served")
     ax.set_ylabel("memory, MiB (summed over processes)")
-    ax.set_title("Memory per model: one service vs one process per model")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, ax, "Memory per model: one service vs one process per model", path)
 
 
 def run_count(args: argparse.Namespace) -> int:
