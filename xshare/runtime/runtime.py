@@ -38,9 +38,11 @@ from . import fusion
 from .dispatcher import DispatchConfig, Dispatcher, debug_ownership_default
 from .handle import JobHandle
 from .recorder import Recorder, check_name, job_dir
+from .controls import Controls
 from .deployments import Deployments
 from .prepare import Preparation
 from .records import JobRecord, Progress, StepRecord, now_s
+from .source import LazyFeeder
 from .sweeps import Sweeps
 from .states import Event
 from .timing import Timeline
@@ -48,7 +50,7 @@ from .timing import Timeline
 log = logging.getLogger("xshare.runtime")
 
 
-class Runtime(Preparation, Deployments):
+class Runtime(Preparation, Deployments, Controls):
     """Owns one device; admits, places and interleaves jobs under a scheduling policy.
 
     Args:
@@ -149,7 +151,7 @@ class Runtime(Preparation, Deployments):
         self.recorder = Recorder(log_dir=self.log_dir, checkpoint_dir=self.checkpoint_dir, t0=self.t0,
                                  tick=self.timeline_.drain if self._ring is not None else None)
         self._dispatcher: Dispatcher | None = None
-        self.feeder = _LazyFeeder(self)
+        self.feeder = LazyFeeder(lambda: self.device, lambda: self._dispatcher.poke)
         self._dispatcher = Dispatcher(
             policy=self.policy, arena=self.arena, device=self.device, feeder=self.feeder,
             recorder=self.recorder, timeline=self.timeline_, ring=self._ring, t0=self.t0,
@@ -275,54 +277,9 @@ class Runtime(Preparation, Deployments):
         return True
 
     @property
-    def jobs(self) -> list[JobHandle]:
-        with self._lock:
-            return list(self._handles.values())
-
-    def handle(self, job: str | int | JobHandle) -> JobHandle:
-        """A job's handle by name, id or handle; ``KeyError`` naming the known jobs otherwise."""
-        if isinstance(job, JobHandle):
-            return job
-        with self._lock:
-            h = self._by_name.get(job) if isinstance(job, str) else None
-            if h is None and isinstance(job, int):
-                h = self._handles.get(job)
-            if h is not None:
-                return h
-            names = ", ".join(sorted(self._by_name)) or "(none)"
-        raise KeyError(f"no job {job!r} in this runtime; jobs: {names}")
-
-    def pause(self, job: str | int | JobHandle, *, offload: bool = False) -> None:
-        """Stop dispatching the job's steps; ``resume`` continues exactly where it stopped.
-
-        With ``offload=True`` the job's state also moves to host memory (``pinned_host`` where
-        the device has it) once its in-flight steps finish, and its persistent bytes go back to
-        the arena, so a queued job can be admitted in its place. ``resume`` moves it back as
-        soon as its lane has room again; the job's results are unchanged by the round trip.
-        """
-        self._control("pause", job, bool(offload))
-
-    def resume(self, job: str | int | JobHandle) -> None:
-        """Let a paused job step again (after its state is back on the device, if offloaded)."""
-        self._control("resume", job)
-
-    def cancel(self, job: str | int | JobHandle) -> None:
-        """End the job after its in-flight steps; its memory goes to the next queued job."""
-        self._control("cancel", job)
-
-    def set_priority(self, job: str | int | JobHandle, priority: int) -> None:
-        if not isinstance(priority, int) or isinstance(priority, bool):
-            raise ValueError(f"priority={priority!r} must be an int")
-        self._control("set_priority", job, priority)
-
-    @property
     def closed(self) -> bool:
         """Whether ``close()`` (or ``stop()``) has begun: the runtime takes no more work."""
         return self._closed
-
-    def _control(self, what: str, job: Any, *args: Any) -> None:
-        rec = self.handle(job)._rec
-        self._dispatcher.call(getattr(self._dispatcher, what), rec, *args)
 
     def timeline(self) -> list[StepRecord]:
         """Executed steps in start order (a bounded window): device times from the FFI fences,
@@ -403,29 +360,6 @@ class Runtime(Preparation, Deployments):
     def _job_ended(self, job: JobRecord) -> None:
         with self._ended:
             self._ended.notify_all()
-
-
-class _LazyFeeder:
-    """The feeder starts with the first request (a Runtime that never runs a job has none)."""
-
-    def __init__(self, rt: Runtime):
-        self._rt, self._feeder = rt, None
-        self._lock = threading.Lock()
-
-    def request(self, job: JobRecord, n: int = 1) -> None:
-        if self._feeder is None:
-            from .source import Feeder
-            with self._lock:
-                if self._feeder is None:
-                    # Two threads: data code (numpy, decoding) runs beside the dispatcher; more
-                    # would only contend for the GIL with it.
-                    self._feeder = Feeder(self._rt.device, on_ready=self._rt._dispatcher.poke,
-                                          workers=min(2, os.cpu_count() or 1))
-        self._feeder.request(job, n)
-
-    def close(self) -> None:
-        if self._feeder is not None:
-            self._feeder.close()
 
 
 def _step_code(spec: JobSpec) -> Any:

@@ -7,6 +7,7 @@ made ahead by the feeder, at most ``prefetch`` batches per job (charged as ``sta
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
@@ -197,3 +198,27 @@ class Feeder:
     def _produce(self, job: Any) -> None:
         produce(job, self.device)
         self._on_ready()
+
+
+class LazyFeeder:
+    """The feeder starts with the first request (a Runtime that never runs a job has none).
+    ``device()`` and ``on_ready()`` are asked then: the runtime's device and the dispatcher's
+    ``poke`` (the dispatcher may not exist yet when this is made)."""
+
+    def __init__(self, device: Callable[[], Any], on_ready: Callable[[], Callable[[], None]]):
+        self._device, self._on_ready, self._feeder = device, on_ready, None
+        self._lock = threading.Lock()
+
+    def request(self, job: Any, n: int = 1) -> None:
+        if self._feeder is None:
+            with self._lock:
+                if self._feeder is None:
+                    # Two threads: data code (numpy, decoding) runs beside the dispatcher; more
+                    # would only contend for the GIL with it.
+                    self._feeder = Feeder(self._device(), on_ready=self._on_ready(),
+                                          workers=min(2, os.cpu_count() or 1))
+        self._feeder.request(job, n)
+
+    def close(self) -> None:
+        if self._feeder is not None:
+            self._feeder.close()
