@@ -108,7 +108,7 @@ def _xshare(way: str, trials: int, steps: int, every: int) -> tuple:
     return study, sum(t.user_attrs.get("xshare_steps", 0) for t in study.trials)
 
 
-def child(way: str, trials: int, steps: int, every: int) -> dict:
+def child(way: str, trials: int, steps: int, every: int, plot: str | None = None) -> dict:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     from jax import monitoring
 
@@ -137,6 +137,10 @@ def child(way: str, trials: int, steps: int, every: int) -> dict:
     t0 = time.perf_counter()
     study, trained = (_plain if way.startswith(("a_", "b_", "c_")) else _xshare)(way, trials, steps, every)
     wall = time.perf_counter() - t0
+    if plot:  # after the clock: the study's history and intermediate values, as `xshare tune` draws them
+        from xshare.cli.tune import _plot
+
+        _plot(study, Path(plot))
     states = [t.state.name for t in study.trials]
     # Steps a pruned trial trained past the report that pruned it (xshare: the decision is taken
     # off the dispatcher and lands at a later step boundary, behind the steps in flight; the
@@ -186,9 +190,9 @@ def eval_cost(jobs: int = 8, steps: int = 600, repeats: int = 3) -> list[dict]:
             for every, w in walls.items()]
 
 
-def run_way(way: str, trials: int, steps: int, every: int) -> dict:
+def run_way(way: str, trials: int, steps: int, every: int, plot: Path | None = None) -> dict:
     cmd = [sys.executable, "-m", "benchmarks.tune", "--child", way, "--trials", str(trials),
-           "--steps", str(steps), "--every", str(every)]
+           "--steps", str(steps), "--every", str(every), *(["--plot", str(plot)] if plot else [])]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=3600,
                           env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)})
     if proc.returncode != 0:
@@ -221,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval-cost", action="store_true",
                         help="instead: what evaluation costs a fused 8-job sweep (600 steps; end, every 100, every 25)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--plot", help=argparse.SUPPRESS)  # (a child: draw its study here)
     args = parser.parse_args(argv)
     if args.eval_cost:
         rows = eval_cost(steps=60 if args.smoke else 600, repeats=1 if args.smoke else 3)
@@ -228,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(r))
         return 0
     if args.child:
-        print(json.dumps(child(args.child, args.trials, args.steps, args.every)))
+        print(json.dumps(child(args.child, args.trials, args.steps, args.every, args.plot)))
         return 0
     if args.smoke:
         args.trials, args.steps, args.every, args.ways = 4, 20, 10, "a_plain,f_xshare_fused_state"
@@ -237,14 +242,18 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown ways {unknown}; choose from {', '.join(WAYS)}")
     rows = []
-    for way in ways:
-        rows.append(run_way(way, args.trials, args.steps, args.every))
+    out = Path(args.out) if args.out else None
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+    for i, way in enumerate(ways):
+        # With --out, each way's study plot too (history, intermediate values): {way}-study.png
+        # (a way run twice: its first run's).
+        plot = out / f"{way}-study.png" if out is not None and way not in ways[:i] else None
+        rows.append(run_way(way, args.trials, args.steps, args.every, plot))
         print(json.dumps(rows[-1]), flush=True)
     md = table(rows)
     print(md)
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
+    if out is not None:
         (out / "results.json").write_text(json.dumps({"args": vars(args), "rows": rows}, indent=2) + "\n")
         (out / "results.md").write_text(md + "\n")
     return 0

@@ -29,3 +29,5 @@ def test_tune_benchmark_smoke(tmp_path: Path) -> None:
         assert 0 < r["steps_trained"] <= 4 * 20 and r["best_val_accuracy"] > 0.1
         assert r["xla_compiles"] > 0 and r["xla_compile_s"] > 0  # each way compiles its step at least
     assert "| a_plain |" in (tmp_path / "results.md").read_text()
+    for way in ("a_plain", "f_xshare_fused_state"):  # each way's study plot (PNG signature)
+        assert (tmp_path / f"{way}-study.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
