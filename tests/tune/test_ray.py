@@ -165,6 +165,16 @@ def test_bad_actors_exits_2_and_leaves_nothing(tmp_path, monkeypatch, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["study.toml"]
 
 
+def test_more_actors_than_the_cluster_holds_exits_2_and_leaves_nothing(local_ray, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "study.toml").write_text(textwrap.dedent(SPEC))
+    # (Ray would wait forever for a third CPU: the study would hang at its first submit)
+    assert main(["tune", "study.toml", "--ray", "--actors", "3", "--out", "run", "--status-port", "-1"]) == 2
+    assert ("3 runtime actors need 3 CPUs (1 each); the Ray cluster has 2: ask for --actors 2 or fewer"
+            in capsys.readouterr().err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["study.toml"]
+
+
 def test_a_relative_run_dir_is_refused_with_the_fix(tmp_path):
     from xshare.tune._ray import optimize_ray
 

@@ -25,7 +25,7 @@ def study(study: Any, plan: Any, run_dir: Path, args: argparse.Namespace, out: A
     if args.actors is not None and args.actors < 1:
         return _error(f"--actors {args.actors} must be >= 1 (runtime actors to start)")
     from xshare.service.jobs import JobRequest
-    from xshare.tune._ray import optimize_ray
+    from xshare.tune._ray import check_actors, optimize_ray
 
     owned = not ray.is_initialized()  # (a caller's Ray, e.g. a test's, is left running)
     if owned:
@@ -36,6 +36,9 @@ def study(study: Any, plan: Any, run_dir: Path, args: argparse.Namespace, out: A
     try:
         gpus = int(ray.cluster_resources().get("GPU", 0))
         actors = args.actors or gpus or 2
+        problem = check_actors(actors)
+        if problem:
+            return _error(problem)
         t, opts = plan.tune, plan.runtime
 
         def request(trial: Any) -> Any:

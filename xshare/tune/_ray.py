@@ -348,6 +348,24 @@ class _RayDriver:
         self.pending = []
 
 
+def check_actors(actors: int, num_cpus: float = 1.0) -> str | None:
+    """Why ``actors`` runtime actors cannot all start on the connected cluster, or None. (Ray
+    would wait for the missing resources forever: the study would hang at its first submit.)
+    Counts the cluster's resources now: an autoscaling cluster that would grow is refused too."""
+    import ray
+
+    have = ray.cluster_resources()
+    gpus, cpus = int(have.get("GPU", 0)), float(have.get("CPU", 0))
+    if gpus:
+        if actors > gpus:
+            return (f"{actors} runtime actors need {actors} GPUs (one each); the Ray cluster has {gpus}: "
+                    f"ask for --actors {gpus} or fewer")
+    elif actors * num_cpus > cpus:
+        return (f"{actors} runtime actors need {actors * num_cpus:g} CPUs ({num_cpus:g} each); the Ray cluster "
+                f"has {cpus:g}: ask for --actors {int(cpus // num_cpus)} or fewer")
+    return None
+
+
 def optimize_ray(study: optuna.Study, request: Callable[[optuna.Trial], Any], n_trials: int, *,
                  metric: str, run_dir: str, actors: int = 2, report_every: int | None = None,
                  concurrency: int | None = None, runtime: dict | None = None, num_cpus: float = 1.0,
@@ -391,6 +409,9 @@ def optimize_ray(study: optuna.Study, request: Callable[[optuna.Trial], Any], n_
     if not ray.is_initialized():
         raise RuntimeError("optimize_ray needs a connected Ray: call ray.init(...) first "
                            "(or use xshare tune SPEC.toml --ray)")
+    problem = check_actors(actors, num_cpus)
+    if problem:
+        raise ValueError(problem)
     catch = (catch,) if isinstance(catch, type) else tuple(catch)
     driver = _RayDriver(study, request, n_trials, metric, report_every, concurrency or DEFAULT_CONCURRENCY,
                         run_dir, actors, runtime, num_cpus, poll_s, timeout, catch, callbacks)
@@ -411,4 +432,4 @@ def optimize_ray(study: optuna.Study, request: Callable[[optuna.Trial], Any], n_
     return study
 
 
-__all__ = ["optimize_ray", "POLL_S"]
+__all__ = ["optimize_ray", "check_actors", "POLL_S"]
