@@ -334,10 +334,22 @@ class _RayDriver:
             ray.get(refs, timeout=30)  # cancelled before stop(), which would checkpoint them
         except Exception:  # noqa: BLE001 - ended or dead already
             pass
-        for t in list(self.running.values()) + self.pending:
+        # The steps each job ran, from its actor (the rows read so far can be a poll behind).
+        steps = {t.name: t.seen for t in self.running.values()}
+        by_actor: dict[str, list[str]] = {}
+        for t in self.running.values():
+            by_actor.setdefault(t.actor, []).append(t.name)
+        for actor, names in by_actor.items():
             try:
-                t.trial.set_user_attr(ATTR_STEPS, t.seen)
-                t.trial.set_user_attr(ATTR_ERROR, f"{why} after {t.seen} steps"
+                ended = ray.get(self.live[actor].ended.remote(names), timeout=30)
+            except Exception:  # noqa: BLE001 - a dead actor: the rows read so far tell
+                continue
+            steps.update({n: int(e["steps_done"]) for n, e in ended.items()})
+        for t in list(self.running.values()) + self.pending:
+            n = steps.get(t.name, 0)
+            try:
+                t.trial.set_user_attr(ATTR_STEPS, n)
+                t.trial.set_user_attr(ATTR_ERROR, f"{why} after {n} steps"
                                       + ("; its parameters were enqueued again" if requeue else ""))
                 self.study.tell(t.trial, state=TrialState.FAIL)
                 if requeue:
