@@ -44,6 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", metavar="RUN_DIR", help="continue the study of an earlier xshare tune run")
     parser.add_argument("--status-port", type=int, default=0, metavar="PORT",
                         help="serve /status and /metrics for xshare top (default 0 = any free port; -1 = off)")
+    from xshare.cli import launch_ray  # --ray, --address, --actors: as xshare launch names them
+    launch_ray.add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -155,6 +157,12 @@ def _study(plan: Any, run_dir: Path, args: argparse.Namespace) -> int:
                   f"{_params(trial.params)}  ({len(ended)}/{t.trials} ended; best "
                   f"{'-' if best is None else f'{best.value:.4g}'})", markup=False, highlight=False)
 
+    if args.ray:  # the trials on Ray's runtime actors; the same table, best and plot below
+        from xshare.cli import tune_ray
+        code = tune_ray.study(study, plan, run_dir, args, out, progress)
+        if code != EXIT_USAGE:
+            _report(study, out, run_dir, time.monotonic() - start)
+        return EXIT_JOB_FAILED if code == EXIT_OK and _best(study) is None else code
     from xshare.runtime.compiler import enable_persistent_cache
     enable_persistent_cache()
     # (group_capacity: one fused group program per model shape, as optimize's own runtime has)

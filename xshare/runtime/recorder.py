@@ -165,16 +165,29 @@ class Recorder:
             self._broke(job, "writing log.txt", err)
 
     def _metrics_rows(self, rows: list) -> None:
+        touched = {}
         for job, step, t_s, values, extra in rows:
             f = self._files.get(job.id)
             if f is None:
                 continue
+            touched[job.id] = (job, f)
             row = {"step": step, "time_s": round(t_s - self.t0, 6),
                    **dict(zip(job.program.metric_names, values.tolist()))}
             if extra:
                 row.update(extra)
             try:
                 f.write(json.dumps(row) + "\n")
+            except (OSError, ValueError) as err:
+                self._broke(job, "writing metrics.jsonl", err)
+        # Rows reach the file a batch at a time (the dispatcher hands over up to 256 rows, or
+        # fewer when it idles), not when a 64 KiB buffer fills: readers of the run directory
+        # (`xshare tune --ray` reports and prunes from these files) see a running job's rows
+        # within a batch. One flush per file per batch, not per row.
+        for job, f in touched.values():
+            if job.id in self._broken or f.closed:
+                continue
+            try:
+                f.flush()
             except (OSError, ValueError) as err:
                 self._broke(job, "writing metrics.jsonl", err)
 

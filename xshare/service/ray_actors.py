@@ -44,11 +44,12 @@ class RuntimeActor:
     """The body of a runtime actor (wrapped with ``ray.remote`` by :func:`actor_class`)."""
 
     def __init__(self, run_dir: str, memory: Any = None, policy: str = "pack",
-                 checkpoint_every: int | None = 100, fuse: bool = False):
+                 checkpoint_every: int | None = 100, fuse: bool = False, group_capacity: int | None = None):
         import xshare
 
         self.rt = xshare.Runtime(policy=policy, memory=memory, log_dir=run_dir, checkpoint_dir=run_dir,
-                                 checkpoint_every=checkpoint_every, resume=True, fuse=fuse)
+                                 checkpoint_every=checkpoint_every, resume=True, fuse=fuse,
+                                 group_capacity=group_capacity)
 
     def submit(self, jobs: list[dict[str, Any]]) -> list[str]:
         """Build and submit (all or none); raises SpecError with the one-line reason."""
@@ -58,6 +59,25 @@ class RuntimeActor:
 
     def snapshot(self) -> dict[str, Any]:
         return self.rt.snapshot()
+
+    def cancel(self, name: str) -> None:
+        """End the job at its next step boundary (a pruned trial); no-op once it has ended."""
+        self.rt.cancel(name)
+
+    def ended(self, names: list[str]) -> dict[str, dict[str, Any]]:
+        """Those of ``names`` that have ended, each ``{"status", "steps_done", "error"}``, with
+        their files written: a reader of ``RUN_DIR/<name>/metrics.jsonl`` after this call sees
+        every row the job recorded. (A snapshot can show a job ended a moment before its last
+        rows are handed to the recorder; the handle's done event is set after they are, and the
+        recorder's flush waits for everything handed to it so far.)"""
+        out: dict[str, dict[str, Any]] = {}
+        for name in names:
+            h = self.rt.handle(name)
+            if h.wait(0):
+                out[name] = {"status": h.status(), "steps_done": h.progress().steps_done, "error": h.error}
+        if out:
+            self.rt.recorder.flush()
+        return out
 
     def stop(self) -> list[str]:
         return self.rt.stop(checkpoint=True)
