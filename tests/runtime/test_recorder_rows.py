@@ -24,3 +24,14 @@ def test_a_batch_of_rows_is_on_disk_before_the_job_ends(tmp_path):
     finally:
         rec.close_job(job)
         rec.close()
+
+
+def test_flush_after_close_says_everything_was_written(tmp_path):
+    # `with Runtime() as rt: ...; rt.stop()` waits on exit, and waiting flushes the recorder:
+    # once closed, its thread wrote everything posted before it stopped, so a flush must not
+    # wait for a thread that is gone (it did, for its whole timeout, and then said False).
+    import xshare
+
+    rt = xshare.Runtime(log_dir=tmp_path)
+    rt.close()
+    assert rt.recorder.flush(timeout=5) is True

@@ -15,6 +15,7 @@ import json
 import logging
 import queue
 import threading
+import time
 import urllib.parse
 from pathlib import Path
 from typing import Any, Callable
@@ -77,10 +78,18 @@ class Recorder:
             self._queue.put((self._close_job, (job,)))
 
     def flush(self, timeout: float | None = 30.0) -> bool:
-        """Wait until everything posted so far is written."""
+        """Wait until everything posted so far is written. After ``close`` it returns at once:
+        the thread wrote everything posted before it stopped (``wait()`` after ``stop()``, as
+        a ``with Runtime()`` block that calls ``stop`` does on exit, used to wait the full 30 s)."""
         done = threading.Event()
         self._queue.put((done.set, ()))
-        return done.wait(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not done.wait(0.05):
+            if not self._thread.is_alive():
+                return True
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+        return True
 
     def close(self) -> None:
         self._queue.put(None)
