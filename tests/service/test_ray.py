@@ -28,14 +28,6 @@ def sweep_requests(n: int = 16, steps: int = STEPS) -> list[JobRequest]:
                        steps=steps, name=f"{i:02d}_job") for i in range(n)]
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, namespace="xshare", logging_level="WARNING",
-             log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
 def single_runtime(steps: int = STEPS):
     requests = sweep_requests(steps=steps)
     specs = [r.build(r.name) for r in requests]

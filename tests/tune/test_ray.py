@@ -43,14 +43,6 @@ concurrency = 4
 '''
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, namespace="xshare", logging_level="WARNING",
-             log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
 def rows(run_dir, name):
     return [json.loads(line) for line in (run_dir / name / "metrics.jsonl").read_text().splitlines()]
 

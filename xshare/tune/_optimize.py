@@ -69,7 +69,77 @@ class _Running:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-class _Driver:
+class _Teller:
+    """What both drivers (this module's and Ray's, ``_ray.py``) tell Optuna, one way: a trial
+    whose job could not be built, and how a trial's job ended. A driver has ``study``,
+    ``callbacks``, ``metric`` and ``catch``."""
+
+    def built(self, trial: optuna.Trial, make: Callable[[optuna.Trial], Any]) -> Any:
+        """``make(trial)``: the trial's job (a spec, or a request); None if the trial ended
+        already (pruned in its objective, or failed with an error in ``catch``)."""
+        try:
+            return make(trial)
+        except optuna.TrialPruned:
+            self.tell(trial, TrialState.PRUNED)
+            return None
+        except KeyboardInterrupt:  # Ctrl-C inside the objective: this trial too is interrupted
+            trial.set_user_attr(ATTR_ERROR, "interrupted in its objective; its parameters were enqueued again")
+            self.study.tell(trial, state=TrialState.FAIL)
+            self.study.enqueue_trial(trial.params, skip_if_exists=False)
+            raise
+        except Exception as err:
+            trial.set_user_attr(ATTR_ERROR, f"objective raised: {type(err).__name__}: {err}")
+            self.tell(trial, TrialState.FAIL)
+            if isinstance(err, self.catch) and not _ours(err):
+                log.warning("trial %d failed in its objective: %s", trial.number, err)
+                return None
+            raise
+
+    def conclude(self, trial: optuna.Trial, *, status: str, steps: int, last: tuple | None,
+                 pruned_at: int | None, missing: list | None, reported: Iterable[str],
+                 error: str | None) -> None:
+        """Tell ``trial`` how its job ended: ``status`` done/failed/cancelled after ``steps``;
+        ``last`` its newest (step, value) of the metric; ``missing`` the metrics it reported
+        where the metric was expected, ``reported`` those it reports (for the error)."""
+        trial.set_user_attr(ATTR_STEPS, steps)
+        if missing is not None or (status == "done" and last is None):
+            seen = missing if missing is not None else sorted(reported)
+            trial.set_user_attr(ATTR_ERROR, f"its job never reported {self.metric!r}")
+            self.tell(trial, TrialState.FAIL)
+            raise ValueError(f"metric={self.metric!r} is not a metric trial {trial.number}'s job "
+                             f"reports; it reports: {', '.join(seen) or '(nothing)'}. Name one of those "
+                             "(evaluation metrics are eval/<name>, from bind(..., eval_step=...))")
+        if pruned_at is not None and status != "failed":
+            # (Also when the job reached its end before the cancel landed: the decision stands.)
+            trial.set_user_attr(ATTR_PRUNED_AT, pruned_at)
+            self.tell(trial, TrialState.PRUNED)
+        elif status == "done":
+            self.tell(trial, TrialState.COMPLETE, last[1])
+        else:
+            trial.set_user_attr(ATTR_ERROR, error or f"its job was {status} after {steps} steps")
+            self.tell(trial, TrialState.FAIL)
+
+    def tell(self, trial: optuna.Trial, state: TrialState, value: float | None = None) -> None:
+        frozen = self.study.tell(trial, value, state=state) if state is TrialState.COMPLETE \
+            else self.study.tell(trial, state=state)
+        for callback in self.callbacks:
+            callback(self.study, frozen)
+
+    def abandoned(self, trial: optuna.Trial, steps: int, why: str, requeue: bool) -> None:
+        """Tell a trial the study stopped under FAIL ("``why`` after ``steps`` steps"), its
+        parameters enqueued again with ``requeue``; never raises (the others are told anyway)."""
+        try:
+            trial.set_user_attr(ATTR_STEPS, steps)
+            trial.set_user_attr(ATTR_ERROR, f"{why} after {steps} steps"
+                                + ("; its parameters were enqueued again" if requeue else ""))
+            self.study.tell(trial, state=TrialState.FAIL)
+            if requeue:
+                self.study.enqueue_trial(trial.params, skip_if_exists=False)
+        except Exception as err:  # noqa: BLE001 - tell the others anyway
+            log.warning("could not tell trial %d: %s", trial.number, err)
+
+
+class _Driver(_Teller):
     def __init__(self, study, objective, n_trials, metric, report_every, concurrency, runtime,
                  timeout, catch, callbacks):
         self.study, self.objective, self.metric = study, objective, metric
@@ -148,38 +218,27 @@ class _Driver:
 
     def start_one(self) -> tuple[_Running, Any] | None:
         """Ask a trial and build its job (submitted by ``submit``); None: it ended already."""
-        study = self.study
-        trial = study.ask()
-        try:
-            spec = self.objective(trial)
-            if not isinstance(spec, xshare.JobSpec):
-                raise TypeError(f"objective(trial) must return a bound job (step.bind(...)); "
-                                f"got {type(spec).__name__}")
-            if self.metric.startswith("eval/") and spec.eval_step is None:
-                raise ValueError(f"metric={self.metric!r} is an evaluation metric, but trial "
-                                 f"{trial.number}'s job has no eval_step; bind it with eval_step=..., "
-                                 "eval_data=..., eval_every=K, or tune on a train metric")
-        except optuna.TrialPruned:
-            self.tell(trial, TrialState.PRUNED)
+        trial = self.study.ask()
+        spec = self.built(trial, self._job)
+        if spec is None:
             return None
-        except KeyboardInterrupt:  # Ctrl-C inside the objective: this trial too is interrupted
-            trial.set_user_attr(ATTR_ERROR, "interrupted in its objective; its parameters were enqueued again")
-            self.study.tell(trial, state=TrialState.FAIL)
-            self.study.enqueue_trial(trial.params, skip_if_exists=False)
-            raise
-        except Exception as err:
-            trial.set_user_attr(ATTR_ERROR, f"objective raised: {type(err).__name__}: {err}")
-            self.tell(trial, TrialState.FAIL)
-            if isinstance(err, self.catch) and not _ours(err):
-                log.warning("trial %d failed in its objective: %s", trial.number, err)
-                return None
-            raise
         every = self.report_every
         if every is None and not self.metric.startswith("eval/"):
             every = max(1, (spec.steps or 200) // 20)  # a train metric: 20 reports a trial
         r = _Running(trial, self.metric, every, budget=spec.steps)
         r.decided.set()
         return r, spec.replace(name=f"trial-{trial.number}", on_metrics=self.hook(r))
+
+    def _job(self, trial: optuna.Trial) -> Any:
+        spec = self.objective(trial)
+        if not isinstance(spec, xshare.JobSpec):
+            raise TypeError(f"objective(trial) must return a bound job (step.bind(...)); "
+                            f"got {type(spec).__name__}")
+        if self.metric.startswith("eval/") and spec.eval_step is None:
+            raise ValueError(f"metric={self.metric!r} is an evaluation metric, but trial "
+                             f"{trial.number}'s job has no eval_step; bind it with eval_step=..., "
+                             "eval_data=..., eval_every=K, or tune on a train metric")
+        return spec
 
     def submit(self, batch: list) -> None:
         """Submit the trials asked together in one call: jobs of one step submitted together
@@ -221,32 +280,11 @@ class _Driver:
                 return
 
     def finish(self, r: _Running) -> None:
-        h, trial = r.handle, r.trial
-        steps = h.progress().steps_done
-        trial.set_user_attr(ATTR_STEPS, steps)
-        status = h.status()
-        if r.missing is not None or (status == "done" and r.last is None):
-            seen = r.missing if r.missing is not None else sorted((h.progress().metrics or {}))
-            trial.set_user_attr(ATTR_ERROR, f"its job never reported {self.metric!r}")
-            self.tell(trial, TrialState.FAIL)
-            raise ValueError(f"metric={self.metric!r} is not a metric trial {trial.number}'s job "
-                             f"reports; it reports: {', '.join(seen) or '(nothing)'}. Name one of those "
-                             "(evaluation metrics are eval/<name>, from bind(..., eval_step=...))")
-        if r.pruned_at is not None and status != "failed":
-            # (Also when the job reached its end before the cancel landed: the decision stands.)
-            trial.set_user_attr(ATTR_PRUNED_AT, r.pruned_at)
-            self.tell(trial, TrialState.PRUNED)
-        elif status == "done":
-            self.tell(trial, TrialState.COMPLETE, r.last[1])
-        else:
-            trial.set_user_attr(ATTR_ERROR, h.error or f"its job was {status} after {steps} steps")
-            self.tell(trial, TrialState.FAIL)
-
-    def tell(self, trial: optuna.Trial, state: TrialState, value: float | None = None) -> None:
-        frozen = self.study.tell(trial, value, state=state) if state is TrialState.COMPLETE \
-            else self.study.tell(trial, state=state)
-        for callback in self.callbacks:
-            callback(self.study, frozen)
+        h = r.handle
+        progress = h.progress()
+        self.conclude(r.trial, status=h.status(), steps=progress.steps_done, last=r.last,
+                      pruned_at=r.pruned_at, missing=r.missing, reported=progress.metrics or {},
+                      error=h.error)
 
     # ------------------------------------------------------------------ ending
     def abandon(self, why: str, *, requeue: bool) -> None:
@@ -265,16 +303,7 @@ class _Driver:
                     except Exception:  # noqa: BLE001 - already ended
                         pass
         for r in list(self.running.values()) + [r for r, _ in self.pending]:
-            try:
-                steps = r.handle.progress().steps_done if r.handle is not None else 0
-                r.trial.set_user_attr(ATTR_STEPS, steps)
-                r.trial.set_user_attr(ATTR_ERROR, f"{why} after {steps} steps"
-                                      + ("; its parameters were enqueued again" if requeue else ""))
-                self.study.tell(r.trial, state=TrialState.FAIL)
-                if requeue:
-                    self.study.enqueue_trial(r.trial.params, skip_if_exists=False)
-            except Exception as err:  # noqa: BLE001 - tell the others anyway
-                log.warning("could not tell trial %d: %s", r.trial.number, err)
+            self.abandoned(r.trial, r.handle.progress().steps_done if r.handle is not None else 0, why, requeue)
         self.running.clear()
         self.pending = []
 

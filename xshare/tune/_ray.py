@@ -47,8 +47,8 @@ from typing import Any, Callable, Iterable, Sequence
 import optuna
 from optuna.trial import TrialState
 
-from ._optimize import (ATTR_ERROR, ATTR_JOB, ATTR_PRUNED_AT, ATTR_STEPS, DEFAULT_CONCURRENCY, ENDED,
-                        Interrupted, _sigterm_as_interrupt)
+from ._optimize import (ATTR_ERROR, ATTR_JOB, ATTR_STEPS, DEFAULT_CONCURRENCY, ENDED, Interrupted, _Teller,
+                        _sigterm_as_interrupt)
 
 log = logging.getLogger("xshare.tune")
 
@@ -72,7 +72,7 @@ class _Trial:
     request: Any = None                  # its JobRequest, named
 
 
-class _RayDriver:
+class _RayDriver(_Teller):
     def __init__(self, study, request, n_trials, metric, report_every, concurrency, run_dir, actors,
                  runtime, num_cpus, poll_s, timeout, catch, callbacks):
         self.study, self.request, self.metric = study, request, metric
@@ -158,23 +158,9 @@ class _RayDriver:
         from xshare.service.jobs import JobRequest
 
         trial = self.study.ask()
-        try:
-            req = self.request(trial)
-        except optuna.TrialPruned:
-            self.tell(trial, TrialState.PRUNED)
+        req = self.built(trial, self.request)
+        if req is None:
             return None
-        except KeyboardInterrupt:
-            trial.set_user_attr(ATTR_ERROR, "interrupted in its objective; its parameters were enqueued again")
-            self.study.tell(trial, state=TrialState.FAIL)
-            self.study.enqueue_trial(trial.params, skip_if_exists=False)
-            raise
-        except Exception as err:
-            trial.set_user_attr(ATTR_ERROR, f"objective raised: {type(err).__name__}: {err}")
-            self.tell(trial, TrialState.FAIL)
-            if isinstance(err, self.catch):
-                log.warning("trial %d failed in its objective: %s", trial.number, err)
-                return None
-            raise
         if not isinstance(req, JobRequest):  # misuse: never caught
             trial.set_user_attr(ATTR_ERROR, f"request(trial) returned a {type(req).__name__}")
             self.tell(trial, TrialState.FAIL)
@@ -293,30 +279,8 @@ class _RayDriver:
             log.warning("could not cancel %s on %s: %s", t.name, t.actor, err)
 
     def finish(self, t: _Trial, end: dict[str, Any]) -> None:
-        trial, status = t.trial, end["status"]
-        steps = int(end.get("steps_done") or t.seen)
-        trial.set_user_attr(ATTR_STEPS, steps)
-        if t.missing is not None or (status == "done" and t.last is None):
-            seen = t.missing if t.missing is not None else sorted(t.names)
-            trial.set_user_attr(ATTR_ERROR, f"its job never reported {self.metric!r}")
-            self.tell(trial, TrialState.FAIL)
-            raise ValueError(f"metric={self.metric!r} is not a metric trial {trial.number}'s job "
-                             f"reports; it reports: {', '.join(seen) or '(nothing)'}. Name one of those "
-                             "(evaluation metrics are eval/<name>, from bind(..., eval_step=...))")
-        if t.pruned_at is not None and status != "failed":
-            trial.set_user_attr(ATTR_PRUNED_AT, t.pruned_at)
-            self.tell(trial, TrialState.PRUNED)
-        elif status == "done":
-            self.tell(trial, TrialState.COMPLETE, t.last[1])
-        else:
-            trial.set_user_attr(ATTR_ERROR, end.get("error") or f"its job was {status} after {steps} steps")
-            self.tell(trial, TrialState.FAIL)
-
-    def tell(self, trial: optuna.Trial, state: TrialState, value: float | None = None) -> None:
-        frozen = self.study.tell(trial, value, state=state) if state is TrialState.COMPLETE \
-            else self.study.tell(trial, state=state)
-        for callback in self.callbacks:
-            callback(self.study, frozen)
+        self.conclude(t.trial, status=end["status"], steps=int(end.get("steps_done") or t.seen), last=t.last,
+                      pruned_at=t.pruned_at, missing=t.missing, reported=t.names, error=end.get("error"))
 
     # ------------------------------------------------------------------ ending
     def abandon(self, why: str, *, requeue: bool) -> None:
@@ -346,16 +310,7 @@ class _RayDriver:
                 continue
             steps.update({n: int(e["steps_done"]) for n, e in ended.items()})
         for t in list(self.running.values()) + self.pending:
-            n = steps.get(t.name, 0)
-            try:
-                t.trial.set_user_attr(ATTR_STEPS, n)
-                t.trial.set_user_attr(ATTR_ERROR, f"{why} after {n} steps"
-                                      + ("; its parameters were enqueued again" if requeue else ""))
-                self.study.tell(t.trial, state=TrialState.FAIL)
-                if requeue:
-                    self.study.enqueue_trial(t.trial.params, skip_if_exists=False)
-            except Exception as err:  # noqa: BLE001 - tell the others anyway
-                log.warning("could not tell trial %d: %s", t.trial.number, err)
+            self.abandoned(t.trial, steps.get(t.name, 0), why, requeue)
         self.running.clear()
         self.pending = []
 
