@@ -125,6 +125,24 @@ class _Teller:
         for callback in self.callbacks:
             callback(self.study, frozen)
 
+    def drive(self, run: Callable[[], None], cleanup: Callable[[], None], *, who: str, again: str) -> None:
+        """``run()`` the study with SIGINT/SIGTERM guarded (``self.signals``); interrupted, the
+        running trials are told FAIL and enqueued again (``Interrupted`` says how to continue:
+        ``again``); failed, they are told FAIL; ``cleanup()`` in any case."""
+        with _sigterm_as_interrupt() as signals:
+            self.signals = signals
+            try:
+                run()
+            except KeyboardInterrupt:
+                self.abandon("interrupted", requeue=True)
+                raise Interrupted(f"{who} was interrupted; running trials were told FAIL and enqueued "
+                                  f"again: {again}") from None
+            except BaseException:
+                self.abandon("stopped: the study raised", requeue=False)
+                raise
+            finally:
+                cleanup()
+
     def abandoned(self, trial: optuna.Trial, steps: int, why: str, requeue: bool) -> None:
         """Tell a trial the study stopped under FAIL ("``why`` after ``steps`` steps"), its
         parameters enqueued again with ``requeue``; never raises (the others are told anyway)."""
@@ -372,19 +390,8 @@ def optimize(study: optuna.Study, objective: Callable[[optuna.Trial], Any], n_tr
     catch = (catch,) if isinstance(catch, type) else tuple(catch)
     driver = _Driver(study, objective, n_trials, metric, report_every, concurrency or DEFAULT_CONCURRENCY,
                      runtime, timeout, catch, callbacks)
-    with _sigterm_as_interrupt() as signals:
-        driver.signals = signals
-        try:
-            driver.run()
-        except KeyboardInterrupt:
-            driver.abandon("interrupted", requeue=True)
-            raise Interrupted("xshare.tune.optimize was interrupted; running trials were told FAIL "
-                              "and enqueued again: optimize again on the same storage continues") from None
-        except BaseException:
-            driver.abandon("stopped: the study raised", requeue=False)
-            raise
-        finally:
-            driver.close()
+    driver.drive(driver.run, driver.close, who="xshare.tune.optimize",
+                 again="optimize again on the same storage continues")
     return study
 
 

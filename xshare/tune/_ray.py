@@ -47,7 +47,7 @@ from typing import Any, Callable, Iterable, Sequence
 import optuna
 from optuna.trial import TrialState
 
-from ._optimize import (ATTR_ERROR, ATTR_JOB, ATTR_STEPS, DEFAULT_CONCURRENCY, ENDED, Interrupted, _Teller,
+from ._optimize import (ATTR_ERROR, ATTR_JOB, ATTR_STEPS, DEFAULT_CONCURRENCY, ENDED, _Teller,
                         _sigterm_as_interrupt)
 
 log = logging.getLogger("xshare.tune")
@@ -382,20 +382,12 @@ def optimize_ray(study: optuna.Study, request: Callable[[optuna.Trial], Any], n_
     catch = (catch,) if isinstance(catch, type) else tuple(catch)
     driver = _RayDriver(study, request, n_trials, metric, report_every, concurrency or DEFAULT_CONCURRENCY,
                         run_dir, actors, runtime, num_cpus, poll_s, timeout, catch, callbacks)
-    with _sigterm_as_interrupt() as signals:
-        driver.signals = signals
-        try:
-            driver.start_actors()
-            driver.run()
-        except KeyboardInterrupt:
-            driver.abandon("interrupted", requeue=True)
-            raise Interrupted("xshare tune --ray was interrupted; running trials were told FAIL "
-                              "and enqueued again: run it again on the same storage to continue") from None
-        except BaseException:
-            driver.abandon("stopped: the study raised", requeue=False)
-            raise
-        finally:
-            driver.stop_actors()
+    def run() -> None:
+        driver.start_actors()
+        driver.run()
+
+    driver.drive(run, driver.stop_actors, who="xshare tune --ray",
+                 again="run it again on the same storage to continue")
     return study
 
 
