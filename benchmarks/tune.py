@@ -55,7 +55,10 @@ def _study():
                                pruner=optuna.pruners.MedianPruner(n_startup_trials=5))
 
 
-def _plain(way: str, trials: int, steps: int, every: int) -> tuple:
+BUILD = [0.0]  # seconds the way spent in make_job: the user's model init, which every way runs
+
+
+def _plain(way: str, trials: int, steps: int, every: int, concurrency: int = 8) -> tuple:
     """Optuna's own loop: the objective trains with jax.jit and reports every ``every`` steps."""
     import threading
 
@@ -72,7 +75,9 @@ def _plain(way: str, trials: int, steps: int, every: int) -> tuple:
     trained = [0]
 
     def objective(trial):
+        t = time.perf_counter()
         spec = make_job(**_suggest(trial), steps=steps, eval_every=every, hparams_in_state=in_state)
+        BUILD[0] += time.perf_counter() - t
         with lock:  # one jit per step function: per trial when baked, per shape in state
             step = jits.setdefault(spec.fn, jax.jit(spec.fn, donate_argnums=0))
             evaluate = jits.setdefault(spec.eval_step, jax.jit(spec.eval_step))
@@ -94,7 +99,7 @@ def _plain(way: str, trials: int, steps: int, every: int) -> tuple:
     return study, trained[0]
 
 
-def _xshare(way: str, trials: int, steps: int, every: int) -> tuple:
+def _xshare(way: str, trials: int, steps: int, every: int, concurrency: int = 8) -> tuple:
     import xshare
     import xshare.tune
     from xshare.models.digits import make_job
@@ -102,13 +107,20 @@ def _xshare(way: str, trials: int, steps: int, every: int) -> tuple:
     in_state = way == "f_xshare_fused_state"
     study = _study()
     runtime = {"fuse": way != "d_xshare", "memory": "2GiB"}
-    xshare.tune.optimize(study, lambda t: make_job(**_suggest(t), steps=steps, eval_every=every,
-                                                   hparams_in_state=in_state),
-                         trials, metric="eval/accuracy", concurrency=8, runtime=runtime)
+
+    def objective(trial):
+        t = time.perf_counter()
+        spec = make_job(**_suggest(trial), steps=steps, eval_every=every, hparams_in_state=in_state)
+        BUILD[0] += time.perf_counter() - t
+        return spec
+
+    xshare.tune.optimize(study, objective, trials, metric="eval/accuracy", concurrency=concurrency,
+                         runtime=runtime)
     return study, sum(t.user_attrs.get("xshare_steps", 0) for t in study.trials)
 
 
-def child(way: str, trials: int, steps: int, every: int, plot: str | None = None) -> dict:
+def child(way: str, trials: int, steps: int, every: int, plot: str | None = None,
+          concurrency: int = 8) -> dict:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     from jax import monitoring
 
@@ -135,7 +147,8 @@ def child(way: str, trials: int, steps: int, every: int, plot: str | None = None
 
     monitoring.register_event_duration_secs_listener(on_duration)
     t0 = time.perf_counter()
-    study, trained = (_plain if way.startswith(("a_", "b_", "c_")) else _xshare)(way, trials, steps, every)
+    study, trained = (_plain if way.startswith(("a_", "b_", "c_")) else _xshare)(way, trials, steps, every,
+                                                                                concurrency)
     wall = time.perf_counter() - t0
     if plot:  # after the clock: the study's history and intermediate values, as `xshare tune` draws them
         from xshare.cli.tune import _plot
@@ -152,7 +165,8 @@ def child(way: str, trials: int, steps: int, every: int, plot: str | None = None
             "pruned": states.count("PRUNED"), "failed": states.count("FAIL"), "steps_trained": trained,
             "steps_past_pruning": past,
             "best_val_accuracy": best, "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-            "xla_compiles": compiles[0], "xla_compile_s": compiles[1],
+            "xla_compiles": compiles[0], "xla_compile_s": compiles[1], "build_s": BUILD[0],
+            "concurrency": concurrency if way.startswith(("d_", "e_", "f_")) else None,
             "compiles_by_site": {k: {"n": n, "s": round(s, 3)} for k, (n, s) in
                                  sorted(sites.items(), key=lambda kv: -kv[1][1])}}
 
@@ -190,9 +204,11 @@ def eval_cost(jobs: int = 8, steps: int = 600, repeats: int = 3) -> list[dict]:
             for every, w in walls.items()]
 
 
-def run_way(way: str, trials: int, steps: int, every: int, plot: Path | None = None) -> dict:
+def run_way(way: str, trials: int, steps: int, every: int, plot: Path | None = None,
+            concurrency: int = 8) -> dict:
     cmd = [sys.executable, "-m", "benchmarks.tune", "--child", way, "--trials", str(trials),
-           "--steps", str(steps), "--every", str(every), *(["--plot", str(plot)] if plot else [])]
+           "--steps", str(steps), "--every", str(every), "--concurrency", str(concurrency),
+           *(["--plot", str(plot)] if plot else [])]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=3600,
                           env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)})
     if proc.returncode != 0:
@@ -203,14 +219,15 @@ def run_way(way: str, trials: int, steps: int, every: int, plot: Path | None = N
 def table(rows: list[dict]) -> str:
     base = next((r for r in rows if r["way"] == "a_plain"), None)
     lines = ["| way | wall s | vs a_plain | trials (done/pruned/failed) | steps trained | best val acc | peak RSS MiB "
-             "| XLA compiles (s) |",
-             "|---|---:|---:|---|---:|---:|---:|---:|"]
+             "| XLA compiles (s) | in make_job s |",
+             "|---|---:|---:|---|---:|---:|---:|---:|---:|"]
     for r in rows:
         ratio = f"{base['wall_s'] / r['wall_s']:.2f}x" if base else "-"
         best = "-" if r["best_val_accuracy"] is None else f"{r['best_val_accuracy']:.4f}"
-        lines.append(f"| {r['way']} | {r['wall_s']:.1f} | {ratio} | {r['trials']} ({r['complete']}/{r['pruned']}/"
+        way = r["way"] + (f" (concurrency {r['concurrency']})" if r.get("concurrency") not in (None, 8) else "")
+        lines.append(f"| {way} | {r['wall_s']:.1f} | {ratio} | {r['trials']} ({r['complete']}/{r['pruned']}/"
                      f"{r['failed']}) | {r['steps_trained']} | {best} | {r['peak_rss_bytes'] / 2**20:.0f} "
-                     f"| {r.get('xla_compiles', '-')} ({r.get('xla_compile_s', 0):.1f}) |")
+                     f"| {r.get('xla_compiles', '-')} ({r.get('xla_compile_s', 0):.1f}) | {r.get('build_s', 0):.1f} |")
     return "\n".join(lines)
 
 
@@ -219,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=64)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--every", type=int, default=25)
+    parser.add_argument("--concurrency", type=int, default=8, help="trials at once in the xshare ways (d, e, f)")
     parser.add_argument("--ways", default=",".join(WAYS))
     parser.add_argument("--smoke", action="store_true", help="4 trials of 20 steps, two ways: that it runs")
     parser.add_argument("--out", help="write results.json and results.md here")
@@ -233,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(r))
         return 0
     if args.child:
-        print(json.dumps(child(args.child, args.trials, args.steps, args.every, args.plot)))
+        print(json.dumps(child(args.child, args.trials, args.steps, args.every, args.plot, args.concurrency)))
         return 0
     if args.smoke:
         args.trials, args.steps, args.every, args.ways = 4, 20, 10, "a_plain,f_xshare_fused_state"
@@ -249,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         # With --out, each way's study plot too (history, intermediate values): {way}-study.png
         # (a way run twice: its first run's).
         plot = out / f"{way}-study.png" if out is not None and way not in ways[:i] else None
-        rows.append(run_way(way, args.trials, args.steps, args.every, plot))
+        rows.append(run_way(way, args.trials, args.steps, args.every, plot, args.concurrency))
         print(json.dumps(rows[-1]), flush=True)
     md = table(rows)
     print(md)

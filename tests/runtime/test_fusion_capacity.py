@@ -157,3 +157,31 @@ def test_a_later_job_its_familys_program_covers_is_never_lowered_alone_and_compu
         again = rt.submit_many(together)
         rt.wait()
     assert_trees_equal(later.result()[0], again[2].result()[0])
+
+
+def test_a_covered_job_is_posted_before_a_new_shapes_job_of_its_call_is_lowered(monkeypatch):
+    """A study's refill asks trials of two shapes at once: the one its family's group program
+    already covers joins first; the other shape's lowering (and group compile) comes after."""
+    from xshare.runtime.compiler import PROGRAMS
+
+    dim, other = 37, 41
+    first = [_baked(lr, dim, i, _slow(dim, i, 300), name=f"a{i}") for i, lr in enumerate((0.01, 0.02))]
+    with xshare.Runtime(policy="pack", memory="256MiB", fuse=True, group_capacity=4) as rt:
+        handles = rt.submit_many(first)
+        while handles[0].progress().steps_done < 20:
+            time.sleep(0.001)
+        order = []
+        get, post = PROGRAMS.get, rt._dispatcher.post
+        monkeypatch.setattr(PROGRAMS, "get", lambda job, state, *a, **k: (
+            order.append(("lowered", state["w"].shape[0])), get(job, state, *a, **k))[1])
+        monkeypatch.setattr(rt._dispatcher, "post", lambda fn, *args: (
+            order.append((fn.__name__, args[0].name)) if fn.__name__ == "compiled" else None, post(fn, *args))[1])
+        # The new shape first in the call, as the sampler happened to ask it.
+        refill = rt.submit_many([
+            _baked(0.05, other, 7, linreg_data(dim=other, seed=7), steps=50, name="new-shape"),
+            _baked(0.03, dim, 2, linreg_data(dim=dim, seed=2), steps=50, name="covered")])
+        handles += refill
+        rt.wait()
+    assert all(h.status() == "done" for h in handles), [h.error for h in handles]
+    assert order.index(("compiled", "covered")) < order.index(("lowered", other)), order
+    assert ("lowered", dim) not in order, "the covered job was lowered"

@@ -107,6 +107,25 @@ def test_an_8_trial_study_ends_each_trial_as_it_should():
             assert pruned_at < BUDGET and pruned_at <= t.user_attrs[ATTR_STEPS] <= pruned_at + EVERY
 
 
+def test_the_driver_wakes_on_each_job_end_and_leaves_a_shared_runtime_as_it_found_it():
+    """The driver refills a trial's slot when the runtime says its job ended (an end listener),
+    not at its next poll; a Runtime passed in keeps only its own listeners afterwards."""
+    ended = []
+
+    def bystander(job):
+        ended.append(job.name)
+
+    study = study_of()
+    with xshare.Runtime(memory="64MiB") as rt:
+        rt._end_listeners.append(bystander)
+        xshare.tune.optimize(study, lambda t: make(t.suggest_float("lr", 0.01, 0.2)), 4,
+                             metric="eval/mse", concurrency=2, runtime=rt)
+        assert rt._end_listeners == [bystander]
+    assert len(study.trials) == 4 and all(t.state in (TS.COMPLETE, TS.PRUNED) for t in study.trials)
+    # Each job's end is announced once, as it ends.
+    assert sorted(ended) == sorted(t.user_attrs["xshare_job"] for t in study.trials)
+
+
 def test_an_interrupted_study_resumes_on_sqlite_to_exactly_n_trials(tmp_path):
     storage = f"sqlite:///{tmp_path / 'study.db'}"
     study = study_of(storage, "resume")

@@ -25,6 +25,8 @@ from .sweeps import Choice
 
 log = logging.getLogger("xshare.runtime")
 
+DEFER = "defer"  # _prepare_program(lower=False): not covered, to be lowered in a second pass
+
 
 class Preparation:
     """A part of ``Runtime``: what its compile pool threads run."""
@@ -35,11 +37,51 @@ class Preparation:
         if prepared is not None:
             self._dispatcher.post(self._dispatcher.compiled, job, prepared)
 
-    def _prepare_program(self, job: JobRecord) -> Prepared | None:
+    def _prepare_program(self, job: JobRecord, opened: tuple | None = None, *,
+                         lower: bool = True) -> Any:
         """Restore a checkpoint, peek the first batch, lower (and unless fused, compile) the
         job's own program. Nothing here writes the job's record (the dispatcher thread owns
         it): the result goes to the dispatcher as a ``Prepared`` event; None if the job already
-        ended (its end is posted)."""
+        ended (its end is posted). With ``lower=False`` (a fused batch's first pass), a job its
+        family's program does not cover is not lowered yet: ``(DEFER, opened)`` comes back, to
+        be passed in again."""
+        if opened is None:
+            opened = self._open(job)
+            if opened is None:
+                return None
+        spec, restored, source, first = opened
+        post = self._dispatcher.post
+        try:
+            _, batch_layout = layout_of(first)
+            covered = self._covering(spec, first) if self.fuse else None
+            if covered is not None:
+                choice, promote = covered
+                program = choice.program
+            elif not lower:
+                return DEFER, opened
+            else:
+                # Fused: lowered and keyed only (the group compiles its own vmapped program).
+                choice, program = None, PROGRAMS.get(spec.job, spec.state, first, device=self.device,
+                                                     fenced=self._ring is not None, compile=not self.fuse)
+                promote = program.promoted
+            if promote:  # Python numbers the step changes are carried as arrays
+                spec = spec.replace(state=promoted(spec.state, promote))
+            _, layout = layout_of(spec.state)
+        except Exception as err:  # noqa: BLE001
+            post(self._dispatcher.fail_now, job, f"could not compile its step: {short_error(err)}", err)
+            return None
+        try:
+            ev = evaluation.prepare(spec, self.device)  # compiled beside the step
+        except Exception as err:  # noqa: BLE001
+            post(self._dispatcher.fail_now, job, f"could not compile its eval_step: {short_error(err)}", err)
+            return None
+        return Prepared(program=program, spec=spec, layout=layout, batch_layout=batch_layout,
+                        source=source, restored_metrics=restored, fuse_hint=job.fuse_hint, eval=ev,
+                        choice=choice)
+
+    def _open(self, job: JobRecord) -> tuple | None:
+        """Restore ``job``'s checkpoint and peek its first batch: ``(spec, restored metrics,
+        source, first batch)``, or None if it already ended (its end is posted)."""
         spec, post, restored = job.spec, self._dispatcher.post, None
         try:
             saved = self._restore(job) if self._resume else None
@@ -67,31 +109,7 @@ class Preparation:
         if first is END:
             post(self._dispatcher.finish_now, job, spec.state, None, "no batches: done", spec)
             return None
-        try:
-            _, batch_layout = layout_of(first)
-            covered = self._covering(spec, first) if self.fuse else None
-            if covered is not None:
-                choice, promote = covered
-                program = choice.program
-            else:
-                # Fused: lowered and keyed only (the group compiles its own vmapped program).
-                choice, program = None, PROGRAMS.get(spec.job, spec.state, first, device=self.device,
-                                                     fenced=self._ring is not None, compile=not self.fuse)
-                promote = program.promoted
-            if promote:  # Python numbers the step changes are carried as arrays
-                spec = spec.replace(state=promoted(spec.state, promote))
-            _, layout = layout_of(spec.state)
-        except Exception as err:  # noqa: BLE001
-            post(self._dispatcher.fail_now, job, f"could not compile its step: {short_error(err)}", err)
-            return None
-        try:
-            ev = evaluation.prepare(spec, self.device)  # compiled beside the step
-        except Exception as err:  # noqa: BLE001
-            post(self._dispatcher.fail_now, job, f"could not compile its eval_step: {short_error(err)}", err)
-            return None
-        return Prepared(program=program, spec=spec, layout=layout, batch_layout=batch_layout,
-                        source=source, restored_metrics=restored, fuse_hint=job.fuse_hint, eval=ev,
-                        choice=choice)
+        return spec, restored, source, first
 
     def _covering(self, spec: Any, first: Any) -> tuple[Choice, frozenset] | None:
         """A fused runtime's shortcut for a job whose family already has a lifted program that
@@ -114,7 +132,25 @@ class Preparation:
         """On the compile pool, for jobs submitted together to a fused runtime: their programs
         are chosen together (sweeps.py: a sweep that differs only in constants becomes one
         lifted program), then each group program is compiled here, off the dispatcher."""
-        pairs = [(job, prep) for job in jobs if (prep := self._prepare_program(job)) is not None]
+        fenced = self._ring is not None
+        # Two passes: first every job is traced and matched to its family's program (~20 ms a
+        # trial), and a covered one whose group program is compiled is posted at once; then the
+        # others are lowered (~100-200 ms each). A study's refill does not wait behind the
+        # lowering of a new shape's trials.
+        pairs, deferred = [], []
+        for job in jobs:
+            prep = self._prepare_program(job, lower=False)
+            if prep is None:
+                continue
+            if isinstance(prep, tuple):
+                deferred.append((job, prep[1]))
+            elif prep.choice is None or not self._ready(job, prep, fenced):
+                pairs.append((job, prep))
+            # (else posted: a covered trial whose group program is compiled joins now)
+        for job, opened in deferred:
+            prep = self._prepare_program(job, opened)
+            if prep is not None:
+                pairs.append((job, prep))
         if not pairs:
             return
         # Jobs a family program already covers were matched on their own (_covering); the
@@ -131,7 +167,6 @@ class Preparation:
         together: dict[str, int] = {}
         for choice in choices:
             together[choice.program.key] = together.get(choice.program.key, 0) + 1
-        fenced = self._ring is not None
         fused, alone = [], []   # (job, prep, whether it fuses)
         for (job, prep), choice in zip(pairs, choices):
             program = choice.program
@@ -147,26 +182,51 @@ class Preparation:
             else:
                 alone.append((job, prep, False))
         # Jobs that fuse go first, program by program (each program's jobs are posted right
-        # after its group program compiles: the rest are cache hits), lone jobs' solo programs
-        # last: no compile holds back jobs whose program is ready (on the digits study, the
-        # first wave's four 64-wide trials waited 0.8-1.7 s behind a 128-wide trial's solo compile).
+        # after its group program compiles: the rest are cache hits), programs already compiled
+        # before those that must compile, lone jobs' solo programs last: no compile holds back
+        # jobs whose program is ready (on the digits study, the first wave's four 64-wide trials
+        # waited 0.8-1.7 s behind a 128-wide trial's solo compile, and a refill's 64-wide trials
+        # ~0.7 s behind the 128-wide family's first group compile).
         first: dict[str, int] = {}
+        ready: dict[str, bool] = {}
         for i, (_, prep, _) in enumerate(fused):
-            first.setdefault(prep.program.key, i)
-        fused.sort(key=lambda item: first[item[1].program.key])  # (stable: submission order within)
+            key = prep.program.key
+            first.setdefault(key, i)
+            if key not in ready:
+                ready[key] = fusion.cached(prep.program, open_capacity(prep.fuse_hint, self.group_capacity),
+                                           fenced=fenced, **self._group_staging())
+        fused.sort(key=lambda item: (not ready[item[1].program.key], first[item[1].program.key]))
         for job, prep, fuses in fused + alone:
             try:
                 if not fuses:
                     prep.program.ensure()  # alone in its family: it runs its solo program
                 else:
                     fusion.fused_program(prep.program, open_capacity(prep.fuse_hint, self.group_capacity),
-                                         self.device, fenced=fenced, prefetch=self.prefetch, ahead=self.ahead,
-                                         group_ahead=self.group_ahead)
+                                         self.device, fenced=fenced, **self._group_staging())
             except Exception as err:  # noqa: BLE001
                 self._dispatcher.post(self._dispatcher.fail_now, job,
                                       f"could not compile its step: {short_error(err)}", err)
                 continue
             self._dispatcher.post(self._dispatcher.compiled, job, prep)
+
+    def _ready(self, job: JobRecord, prep: Prepared, fenced: bool) -> bool:
+        """Post now a job its family's lifted program covers, if the group program it would
+        join or open is compiled already (a study's refill trial: it waits for no other trial of
+        its submit call to be traced). False: it goes through the batch's choice below."""
+        choice = prep.choice
+        if self.group_capacity is None or not choice.shared:
+            return False  # (whether it fuses, and at what capacity, is decided with the batch)
+        if not fusion.cached(choice.program, open_capacity(1, self.group_capacity), fenced=fenced,
+                             **self._group_staging()):
+            return False
+        prep = dataclasses.replace(prep, program=choice.program, lifted=choice.lifted, traced=choice.traced,
+                                   fuse_hint=1, shared=choice.shared)
+        self._dispatcher.post(self._dispatcher.compiled, job, prep)
+        return True
+
+    def _group_staging(self) -> dict:
+        """A group program's staging settings (its cache key): as the dispatcher's ``_staging``."""
+        return {"prefetch": self.prefetch, "ahead": self.ahead, "group_ahead": self.group_ahead}
 
     def _restore(self, job: JobRecord) -> checkpoint.Checkpoint | None:
         """``job``'s checkpoint (its step, state and metrics to continue from), if any."""

@@ -23,7 +23,7 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import jax
 
@@ -145,6 +145,9 @@ class Runtime(Preparation, Deployments, Controls):
         self._ids = itertools.count()
         self._lock = threading.Lock()          # guards the job tables above, never held long
         self._ended = threading.Condition()
+        # Called (on the dispatcher thread, so: cheap and never raising) as each job ends;
+        # xshare.tune's driver wakes on it instead of polling its trials' statuses.
+        self._end_listeners: list[Callable[[JobRecord], None]] = []
         self._closed = False
         self.timeline_ = Timeline(self._ring, self._unit)
         self.fuse = bool(fuse)
@@ -361,6 +364,8 @@ class Runtime(Preparation, Deployments, Controls):
     def _job_ended(self, job: JobRecord) -> None:
         with self._ended:
             self._ended.notify_all()
+        for listener in list(self._end_listeners):
+            listener(job)
 
 
 def _step_code(spec: JobSpec) -> Any:

@@ -264,6 +264,8 @@ class _Driver(_Teller):
         doubling as they arrive one by one)."""
         if self.rt is None:
             self.rt = xshare.Runtime(**self.runtime_kwargs)
+        if self._wake not in self.rt._end_listeners:
+            self.rt._end_listeners.append(self._wake)
         specs = [spec for _, spec in batch]
         try:
             handles = self.rt.submit_many(specs)
@@ -275,13 +277,26 @@ class _Driver(_Teller):
             r.trial.set_user_attr(ATTR_JOB, spec.name)
             self.running[r.trial.number] = r
 
+    def _wake(self, job: Any) -> None:
+        """The runtime's end listener: a job ended, so the driver looks now (a trial's slot is
+        refilled ~20 ms sooner than by polling: measured on the digits study, where a pruned
+        trial lives ~30 steps, tens of ms)."""
+        self.events.put(None)
+
     def decide(self, *, block: bool) -> None:
-        """Report queued values and ask the pruner; a pruned trial's hook answers True."""
+        """Report queued values and ask the pruner; a pruned trial's hook answers True. Blocks
+        (``block``) until a value arrives or a job ends, at most 20 ms."""
         try:
             item = self.events.get(timeout=0.02) if block else self.events.get_nowait()
         except queue.Empty:
             return
         while True:
+            if item is None:  # (a job ended: _wake)
+                try:
+                    item = self.events.get_nowait()
+                except queue.Empty:
+                    return
+                continue
             r, step, value = item
             if not r.stop:
                 r.trial.report(value, step)
@@ -326,6 +341,8 @@ class _Driver(_Teller):
         self.pending = []
 
     def close(self) -> None:
+        if self.rt is not None and self._wake in self.rt._end_listeners:
+            self.rt._end_listeners.remove(self._wake)
         if self.owned and self.rt is not None:
             self.rt.close()
 
