@@ -18,10 +18,11 @@ same order) and MedianPruner(n_startup_trials=5). The search: lr (log 1e-4..3e-2
 
 Each way runs in a fresh process (its clock includes every compile; its peak RSS is its own).
 Reports wall time, trials completed/pruned/failed, steps trained, best validation accuracy, peak
-RSS, and the XLA compiles the process ran with their seconds (``jax.monitoring``; the model
-inits' eager ops included, which every way runs).
+RSS, the XLA compiles the process ran with their seconds (``jax.monitoring``; the model
+inits' eager ops included, which every way runs), and the seconds spent in ``make_job`` (the
+user's model build, which every way runs: no way can take less than that).
 
-usage: python -m benchmarks.tune [--trials 64] [--steps 300] [--every 25] [--ways a,b,...] [--smoke] [--out DIR]
+usage: python -m benchmarks.tune [--trials 64] [--steps 300] [--every 25] [--concurrency 8] [--ways a,b,...] [--smoke] [--out DIR]
 """
 
 from __future__ import annotations
