@@ -149,6 +149,41 @@ def test_an_interrupt_fails_and_enqueues_the_running_trials_and_stops_the_actors
     assert left == []  # the actors were stopped
 
 
+@pytest.mark.slow
+def test_a_dead_actors_trial_fails_and_its_parameters_run_again_on_the_actor_left(local_ray, tmp_path):
+    from xshare.service.ray_actors import ACTOR_PREFIX, NAMESPACE
+    from xshare.tune._ray import optimize_ray
+
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
+
+    def request(trial):
+        lr = trial.suggest_float("lr", 1e-3, 3e-2, log=True)
+        steps = 4000 if trial.number == 1 else 20  # trial 1 still trains when trial 0 ends
+        return JobRequest("xshare.models.digits:make_job",
+                          {"lr": lr, "batch": 32, "eval_every": 10, "width": 16}, steps=steps)
+
+    told = []
+
+    def kill_trial_1s_actor(study, frozen):  # trial 0 on actor 0, trial 1 on actor 1 (fewest running)
+        told.append((frozen.number, frozen.state))
+        if frozen.number == 0:
+            ray.kill(ray.get_actor(f"{ACTOR_PREFIX}1", namespace=NAMESPACE))
+
+    optimize_ray(study, request, 4, metric="eval/accuracy", run_dir=str(tmp_path), actors=2, concurrency=2,
+                 runtime={"memory": "512MiB"}, poll_s=0.1, callbacks=[kill_trial_1s_actor])
+    states = {t.number: t.state for t in study.trials}
+    assert states == {0: TS.COMPLETE, 1: TS.FAIL, 2: TS.COMPLETE, 3: TS.COMPLETE}, states
+    lost = study.trials[1]
+    assert lost.user_attrs[ATTR_ERROR].startswith(f"its runtime actor {ACTOR_PREFIX}1 died after ")
+    assert lost.user_attrs[ATTR_ERROR].endswith("; its parameters were enqueued again")
+    # Its parameters ran again, from step 0, on the actor left (the first trial asked after the
+    # death was seen: 2 or 3, as the refill and the poll that finds the death fall); the
+    # callbacks heard of each trial once.
+    (again,) = [t for t in study.trials[2:] if t.system_attrs.get("fixed_params") == lost.params]
+    assert again.params == lost.params and again.state == TS.COMPLETE and again.user_attrs[ATTR_STEPS] == 20
+    assert sorted(told) == [(0, TS.COMPLETE), (1, TS.FAIL), (2, TS.COMPLETE), (3, TS.COMPLETE)]
+
+
 def test_bad_actors_exits_2_and_leaves_nothing(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "study.toml").write_text(textwrap.dedent(SPEC))

@@ -143,14 +143,19 @@ class _Teller:
             finally:
                 cleanup()
 
-    def abandoned(self, trial: optuna.Trial, steps: int, why: str, requeue: bool) -> None:
+    def abandoned(self, trial: optuna.Trial, steps: int, why: str, requeue: bool, *,
+                  notify: bool = False) -> None:
         """Tell a trial the study stopped under FAIL ("``why`` after ``steps`` steps"), its
-        parameters enqueued again with ``requeue``; never raises (the others are told anyway)."""
+        parameters enqueued again with ``requeue`` (and the callbacks called with ``notify``:
+        the study goes on); never raises an Exception (the others are told anyway)."""
         try:
             trial.set_user_attr(ATTR_STEPS, steps)
             trial.set_user_attr(ATTR_ERROR, f"{why} after {steps} steps"
                                 + ("; its parameters were enqueued again" if requeue else ""))
-            self.study.tell(trial, state=TrialState.FAIL)
+            if notify:
+                self.tell(trial, TrialState.FAIL)
+            else:
+                self.study.tell(trial, state=TrialState.FAIL)
             if requeue:
                 self.study.enqueue_trial(trial.params, skip_if_exists=False)
         except Exception as err:  # noqa: BLE001 - tell the others anyway

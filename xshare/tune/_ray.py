@@ -30,8 +30,10 @@ ends done is COMPLETE with the metric's last value, a pruned one PRUNED
 (``xshare_pruned_at``), a failed one FAIL (its error in ``xshare_error``); a metric the job
 never reports is the same ``ValueError``; Ctrl-C or SIGTERM cancels the running jobs, tells
 their trials FAIL, enqueues their parameters again and raises ``Interrupted``. A runtime actor
-that dies fails the trials it ran (FAIL, ``xshare_error`` says so); the study goes on with the
-others.
+that dies fails the trials it ran (FAIL, ``xshare_error`` says so) and enqueues their parameters
+again: the next trials asked run them on the actors left, from step 0 (a FAIL counts toward
+``n_trials`` as ever, so when none is left to start, the next ``optimize_ray`` on the same
+storage runs them first). The study goes on with the other actors.
 """
 
 from __future__ import annotations
@@ -119,17 +121,19 @@ class _RayDriver(_Teller):
         self.live.clear()
 
     def lost(self, actor: str, err: BaseException) -> None:
-        """A runtime actor died: its trials FAIL (a trial is not resumed elsewhere)."""
-        log.warning("runtime actor %s is gone (%s); failing its trials", actor, type(err).__name__)
+        """A runtime actor died: its trials are told FAIL and their parameters enqueued again,
+        so the sampler's choices are not lost with the machine: the next trials asked, on the
+        actors left (or by the next ``optimize_ray`` on this storage), run them from step 0."""
+        log.warning("runtime actor %s is gone (%s); its trials fail and are enqueued again", actor,
+                    type(err).__name__)
         self.live.pop(actor, None)
         for name, t in list(self.running.items()):
             if t.actor == actor:
                 del self.running[name]
-                t.trial.set_user_attr(ATTR_STEPS, t.seen)
-                t.trial.set_user_attr(ATTR_ERROR, f"its runtime actor {actor} died after {t.seen} steps")
-                self.tell(t.trial, TrialState.FAIL)
+                self.abandoned(t.trial, t.seen, f"its runtime actor {actor} died", requeue=True, notify=True)
         if not self.live:
-            raise RuntimeError("every runtime actor died; the study stops (its trials were told FAIL)")
+            raise RuntimeError("every runtime actor died; the study stops (its trials were told FAIL "
+                               "and their parameters enqueued again)")
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> None:
