@@ -59,6 +59,7 @@ def test_xshare_tune_runs_a_digits_study_and_resumes_it(tmp_path, monkeypatch, c
         assert set(t.params) == {"lr", "depth"}
     assert f"best: trial {study.best_trial.number} value {study.best_trial.value:.4g}" in out
     assert study.best_value > 0.5  # 30 steps of a good lr learn the digits well past chance (0.1)
+    assert json.loads((run / "tune.json").read_text())["placement"] == {"ray": False}
     # The study is done: resuming it runs nothing more and keeps the 4 trials.
     assert main(["tune", "--resume", "run", "--status-port", "-1"]) == 0
     assert len(optuna.load_study(study_name="study", storage=f"sqlite:///{run / 'study.db'}").trials) == 4
@@ -85,6 +86,7 @@ def test_bad_search_spaces_exit_2_and_leave_nothing(tmp_path, monkeypatch, capsy
     (["--pruner", "medain"], "--pruner 'medain' is not one of: median, successive-halving, hyperband, none"),
     (["--trials", "0"], "--trials = 0 must be a whole number >= 1"),
     (["--direction", "up"], "--direction 'up' is not one of: minimize, maximize"),
+    (["--no-ray"], "--no-ray goes with --resume RUN_DIR"),
 ])
 def test_bad_flags_exit_2_and_leave_nothing(tmp_path, monkeypatch, capsys, flags, message):
     monkeypatch.chdir(tmp_path)

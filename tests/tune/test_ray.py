@@ -72,6 +72,18 @@ def test_xshare_tune_ray_runs_a_digits_study_on_two_actors(local_ray, tmp_path, 
     assert f"best: trial {study.best_trial.number} value {study.best_trial.value:.4g}" in out
     assert (run / "study.png").is_file()
     assert study.best_value > 0.5  # the digits learned (chance is 0.1): the jobs really trained
+    # Where it ran goes with the record: --resume continues on Ray with the same actors, unless
+    # --no-ray (the study is done, so neither runs a trial more).
+    assert json.loads((run / "tune.json").read_text())["placement"] == {"ray": True, "address": None, "actors": 2}
+    capsys.readouterr()
+    assert main(["tune", "--resume", "run", "--status-port", "-1"]) == 0
+    captured = capsys.readouterr()
+    assert "this run started on Ray: resuming with --ray --actors 2" in captured.err
+    assert "on Ray: 2 runtime actor(s)" in captured.out
+    assert main(["tune", "--resume", "run", "--no-ray", "--status-port", "-1"]) == 0
+    captured = capsys.readouterr()
+    assert "--no-ray: resuming in this process" in captured.err and "on Ray:" not in captured.out
+    assert len(optuna.load_study(study_name="study", storage=f"sqlite:///{run / 'study.db'}").trials) == 4
 
 
 @pytest.mark.slow

@@ -42,7 +42,7 @@ def test_sigterm_ends_a_ray_study_with_130_and_enqueues_its_running_trials(tmp_p
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert "resume with: xshare tune --resume run --ray" in out
+    assert "resume with: xshare tune --resume run\n" in out  # (on Ray: tune.json says where it ran)
     trials = optuna.load_study(study_name="study", storage=f"sqlite:///{run / 'study.db'}").trials
     states = sorted(t.state.name for t in trials)
     assert states == ["FAIL", "FAIL", "WAITING", "WAITING"], states

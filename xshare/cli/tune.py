@@ -41,7 +41,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, help="steps per trial (overrides the job's steps)")
     parser.add_argument("--no-fuse", action="store_true", help="do not fuse trials (fused by default)")
     parser.add_argument("--out", metavar="DIR", help="run directory (default runs/{YYYYmmdd-HHMMSS}-{spec name})")
-    parser.add_argument("--resume", metavar="RUN_DIR", help="continue the study of an earlier xshare tune run")
+    parser.add_argument("--resume", metavar="RUN_DIR", help="continue the study of an earlier xshare tune run "
+                        "(where it ran: a --ray run resumes on Ray, with its --address and --actors)")
+    parser.add_argument("--no-ray", action="store_true",
+                        help="with --resume: continue a --ray run in this process instead")
     parser.add_argument("--status-port", type=int, default=0, metavar="PORT",
                         help="serve /status and /metrics for xshare top (default 0 = any free port; -1 = off)")
     from xshare.cli import launch_ray  # --ray, --address, --actors: as xshare launch names them
@@ -67,7 +70,11 @@ def run(args: argparse.Namespace) -> int:
             record = run_dir / "tune.json"
             if not record.is_file():
                 return _usage_error(f"--resume {args.resume}: no tune.json there; give a run directory of xshare tune")
-            plan = search.plan_from_json(json.loads(record.read_text()), str(record))
+            data = json.loads(record.read_text())
+            plan = search.plan_from_json(data, str(record))
+            note = _placement(args, data.get("placement") or {})
+            if note:
+                print(f"xshare tune: {note}", file=sys.stderr)
         else:
             if not args.target:
                 return _usage_error("give a tune spec (SPEC.toml), or --resume RUN_DIR")
@@ -81,8 +88,14 @@ def run(args: argparse.Namespace) -> int:
             problem = _check_out(args.out)
             if problem:
                 return _usage_error(problem)
+            if args.no_ray:
+                return _usage_error("--no-ray goes with --resume RUN_DIR (a run starts in this process "
+                                    "unless --ray is given)")
             run_dir, made = _make_run_dir(args.out, plan.stem)
-            (run_dir / "tune.json").write_text(json.dumps(plan.to_json(), indent=2) + "\n")
+            # Where it runs goes with the record, so --resume continues it there.
+            placement = {"ray": True, "address": args.address, "actors": args.actors} if args.ray else {"ray": False}
+            (run_dir / "tune.json").write_text(json.dumps({**plan.to_json(), "placement": placement},
+                                                          indent=2) + "\n")
     except SpecError as err:
         return _usage_error(str(err))
     except (OSError, ValueError, KeyError, TypeError) as err:
@@ -94,6 +107,22 @@ def run(args: argparse.Namespace) -> int:
         if code == EXIT_USAGE and made is not None:
             made.undo()  # refused before any trial ran: leave nothing behind
     return code
+
+
+def _placement(args: argparse.Namespace, recorded: dict) -> str | None:
+    """On --resume: a run that started with --ray continues on Ray (its --address and --actors
+    unless given again), unless --no-ray; what was decided, to say, or None."""
+    if args.no_ray:
+        args.ray = False
+        return "--no-ray: resuming in this process" if recorded.get("ray") else None
+    if args.ray or not recorded.get("ray"):
+        return None
+    args.ray = True
+    args.address = args.address or recorded.get("address")
+    args.actors = args.actors or recorded.get("actors")
+    flags = " ".join(f for f in ("--ray", args.address and f"--address {args.address}",
+                                 args.actors and f"--actors {args.actors}") if f)
+    return f"this run started on Ray: resuming with {flags} (--no-ray: in this process)"
 
 
 def _usage_error(message: str) -> int:

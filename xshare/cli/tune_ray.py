@@ -55,7 +55,7 @@ def study(study: Any, plan: Any, run_dir: Path, args: argparse.Namespace, out: A
                          callbacks=[progress])
         except KeyboardInterrupt:
             out.print(f"interrupted: running trials told FAIL and enqueued again; resume with: "
-                      f"xshare tune --resume {run_dir} --ray", markup=False, highlight=False)
+                      f"xshare tune --resume {run_dir}", markup=False, highlight=False)
             return EXIT_INTERRUPTED
         except (ValueError, RuntimeError) as err:  # a metric the jobs never report; every actor died
             print(f"xshare tune: error: {err}", file=sys.stderr)
