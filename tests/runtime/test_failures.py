@@ -113,3 +113,23 @@ def test_step_that_fails_to_trace_fails_alone_at_submit():
     h = _run_with(broken.bind(linreg_state(), linreg_data(), steps=STEPS, name="broken"))
     assert h.status() == "failed"
     assert h.error.startswith("could not compile its step: KeyError")
+
+
+def test_a_job_end_listener_that_raises_takes_down_no_job():
+    """Job-end listeners run on the dispatcher thread (xshare.tune's driver wakes on one): a
+    listener's error is logged, and every job still ends as it would."""
+    from tests.helpers import linreg_data, linreg_state, linreg_step
+
+    heard = []
+
+    def broken(job):
+        heard.append(job.name)
+        raise RuntimeError("listener bug")
+
+    with xshare.Runtime(memory="64MiB") as rt:
+        rt._end_listeners.append(broken)
+        handles = rt.submit_many([linreg_step.bind(linreg_state(seed=i), linreg_data(seed=i), steps=20,
+                                                   name=f"l{i}") for i in range(3)])
+        assert rt.wait(timeout=60), "a raising listener stopped the dispatcher"
+    assert [h.status() for h in handles] == ["done"] * 3, [h.error for h in handles]
+    assert sorted(heard) == ["l0", "l1", "l2"]

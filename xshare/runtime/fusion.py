@@ -64,6 +64,12 @@ def pipeline_depth(ahead: int, group_ahead: int, stacked_batch_bytes: int) -> in
     return max(ahead, min(group_ahead, GROUP_INFLIGHT_BYTES // max(stacked_batch_bytes, 1)))
 
 
+def staging(owner: Any) -> dict:
+    """A group program's staging settings, part of its cache key: staged and in-flight batches
+    (``owner``: the dispatcher, or the runtime's compile pool, which share these settings)."""
+    return {"prefetch": owner.prefetch, "ahead": owner.ahead, "group_ahead": owner.group_ahead}
+
+
 def fused_program(program: CompiledStep, capacity: int, device: Any, *, fenced: bool,
                   prefetch: int, ahead: int = 0, group_ahead: int = 0) -> FusedProgram:
     """The vmapped executable of ``program`` at ``capacity`` slots (compiled once per process).

@@ -176,7 +176,7 @@ class Groups:
 
     def _staging(self) -> dict:
         """What a fused program's footprint charges beyond its states: staged and in-flight batches."""
-        return {"prefetch": self.prefetch, "ahead": self.ahead, "group_ahead": self.group_ahead}
+        return fusion.staging(self)
 
     def _resize(self, group: Group, fused: Any) -> bool:
         fp = fused.footprint

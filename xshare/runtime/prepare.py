@@ -25,7 +25,7 @@ from .sweeps import Choice
 
 log = logging.getLogger("xshare.runtime")
 
-DEFER = "defer"  # _prepare_program(lower=False): not covered, to be lowered in a second pass
+DEFER = object()  # _prepare_program(lower=False): not covered, to be lowered in a second pass
 
 
 class Preparation:
@@ -42,9 +42,9 @@ class Preparation:
         """Restore a checkpoint, peek the first batch, lower (and unless fused, compile) the
         job's own program. Nothing here writes the job's record (the dispatcher thread owns
         it): the result goes to the dispatcher as a ``Prepared`` event; None if the job already
-        ended (its end is posted). With ``lower=False`` (a fused batch's first pass), a job its
-        family's program does not cover is not lowered yet: ``(DEFER, opened)`` comes back, to
-        be passed in again."""
+        ended (its end is posted). ``opened``: what ``_open`` returned for it, if called already.
+        With ``lower=False`` (a fused batch's first pass), a job its family's program does not
+        cover is not lowered yet: ``DEFER`` comes back."""
         if opened is None:
             opened = self._open(job)
             if opened is None:
@@ -58,7 +58,7 @@ class Preparation:
                 choice, promote = covered
                 program = choice.program
             elif not lower:
-                return DEFER, opened
+                return DEFER
             else:
                 # Fused: lowered and keyed only (the group compiles its own vmapped program).
                 choice, program = None, PROGRAMS.get(spec.job, spec.state, first, device=self.device,
@@ -139,14 +139,13 @@ class Preparation:
         # lowering of a new shape's trials.
         pairs, deferred = [], []
         for job in jobs:
-            prep = self._prepare_program(job, lower=False)
-            if prep is None:
-                continue
-            if isinstance(prep, tuple):
-                deferred.append((job, prep[1]))
-            elif prep.choice is None or not self._ready(job, prep, fenced):
+            opened = self._open(job)
+            prep = None if opened is None else self._prepare_program(job, opened, lower=False)
+            if prep is DEFER:
+                deferred.append((job, opened))
+            elif prep is not None and not self._ready(job, prep, fenced):
                 pairs.append((job, prep))
-            # (else posted: a covered trial whose group program is compiled joins now)
+            # (else ended, or posted: a covered trial whose group program is compiled joins now)
         for job, opened in deferred:
             prep = self._prepare_program(job, opened)
             if prep is not None:
@@ -175,8 +174,7 @@ class Preparation:
             # (group_capacity), one of a program others run. A lone job runs its solo program.
             # Under a floor every group of the program has the floor's capacity, so once the
             # first is compiled this is a cache hit, however few trials a refill submits.
-            prep = dataclasses.replace(prep, program=program, lifted=choice.lifted, traced=choice.traced,
-                                       fuse_hint=together[program.key], shared=choice.shared)
+            prep = _chosen(prep, choice, together[program.key])
             if opens_alone(prep.fuse_hint, 0, choice.shared, self.group_capacity) or choice.peers >= 2:
                 fused.append((job, prep, True))
             else:
@@ -194,7 +192,7 @@ class Preparation:
             first.setdefault(key, i)
             if key not in ready:
                 ready[key] = fusion.cached(prep.program, open_capacity(prep.fuse_hint, self.group_capacity),
-                                           fenced=fenced, **self._group_staging())
+                                           fenced=fenced, **fusion.staging(self))
         fused.sort(key=lambda item: (not ready[item[1].program.key], first[item[1].program.key]))
         for job, prep, fuses in fused + alone:
             try:
@@ -202,7 +200,7 @@ class Preparation:
                     prep.program.ensure()  # alone in its family: it runs its solo program
                 else:
                     fusion.fused_program(prep.program, open_capacity(prep.fuse_hint, self.group_capacity),
-                                         self.device, fenced=fenced, **self._group_staging())
+                                         self.device, fenced=fenced, **fusion.staging(self))
             except Exception as err:  # noqa: BLE001
                 self._dispatcher.post(self._dispatcher.fail_now, job,
                                       f"could not compile its step: {short_error(err)}", err)
@@ -214,22 +212,22 @@ class Preparation:
         join or open is compiled already (a study's refill trial: it waits for no other trial of
         its submit call to be traced). False: it goes through the batch's choice below."""
         choice = prep.choice
-        if self.group_capacity is None or not choice.shared:
+        if choice is None or self.group_capacity is None or not choice.shared:
             return False  # (whether it fuses, and at what capacity, is decided with the batch)
         if not fusion.cached(choice.program, open_capacity(1, self.group_capacity), fenced=fenced,
-                             **self._group_staging()):
+                             **fusion.staging(self)):
             return False
-        prep = dataclasses.replace(prep, program=choice.program, lifted=choice.lifted, traced=choice.traced,
-                                   fuse_hint=1, shared=choice.shared)
-        self._dispatcher.post(self._dispatcher.compiled, job, prep)
+        self._dispatcher.post(self._dispatcher.compiled, job, _chosen(prep, choice, 1))
         return True
-
-    def _group_staging(self) -> dict:
-        """A group program's staging settings (its cache key): as the dispatcher's ``_staging``."""
-        return {"prefetch": self.prefetch, "ahead": self.ahead, "group_ahead": self.group_ahead}
 
     def _restore(self, job: JobRecord) -> checkpoint.Checkpoint | None:
         """``job``'s checkpoint (its step, state and metrics to continue from), if any."""
         return checkpoint.load(checkpoint.path_for(self.checkpoint_dir, job_dir(job.name)),
                                job.spec.state, job=job.name)
 
+
+def _chosen(prep: Prepared, choice: Choice, together: int) -> Prepared:
+    """``prep`` running ``choice``'s program (its lifted values), ``together`` jobs of its
+    submit call on that program."""
+    return dataclasses.replace(prep, program=choice.program, lifted=choice.lifted, traced=choice.traced,
+                               fuse_hint=together, shared=choice.shared)

@@ -365,7 +365,10 @@ class Runtime(Preparation, Deployments, Controls):
         with self._ended:
             self._ended.notify_all()
         for listener in list(self._end_listeners):
-            listener(job)
+            try:
+                listener(job)
+            except Exception:  # noqa: BLE001 - runs on the dispatcher thread: never take it down
+                log.exception("xshare: a job-end listener raised")
 
 
 def _step_code(spec: JobSpec) -> Any:

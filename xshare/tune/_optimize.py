@@ -296,26 +296,23 @@ class _Driver(_Teller):
         except queue.Empty:
             return
         while True:
-            if item is None:  # (a job ended: _wake)
-                try:
-                    item = self.events.get_nowait()
-                except queue.Empty:
-                    return
-                continue
-            r, step, value = item
-            if not r.stop:
-                r.trial.report(value, step)
-                # The report after the last step is not judged: stopping then saves nothing.
-                if (r.budget is None or step < r.budget) and r.trial.should_prune():
-                    r.pruned_at, r.stop = step, True
-            with r.lock:
-                r.undecided -= 1
-                if r.undecided == 0:
-                    r.decided.set()
+            if item is not None:  # (None: a job ended, see _wake; nothing to report)
+                self._decide_one(*item)
             try:
                 item = self.events.get_nowait()
             except queue.Empty:
                 return
+
+    def _decide_one(self, r: _Running, step: int, value: float) -> None:
+        if not r.stop:
+            r.trial.report(value, step)
+            # The report after the last step is not judged: stopping then saves nothing.
+            if (r.budget is None or step < r.budget) and r.trial.should_prune():
+                r.pruned_at, r.stop = step, True
+        with r.lock:
+            r.undecided -= 1
+            if r.undecided == 0:
+                r.decided.set()
 
     def finish(self, r: _Running) -> None:
         h = r.handle
