@@ -49,6 +49,11 @@ class JobSpec:
     # after each evaluation (``eval/<name>`` keys); returning True cancels the job at that step
     # boundary. Must be cheap: ``xshare.tune`` uses it to report and prune trials.
     on_metrics: Callable[[int, Mapping[str, float]], bool | None] | None = None
+    # The steps whose metrics ``on_metrics`` acts on (a study reports every N steps): the runtime
+    # may run several steps per call (docs/explanation/multi-step.md) but never past one of them,
+    # so a True from the hook still cancels at that step. None: every step; 0: only after
+    # evaluations (it acts on ``eval/<name>`` only).
+    on_metrics_every: int | None = None
 
     @property
     def fn(self) -> Callable:

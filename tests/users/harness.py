@@ -157,3 +157,31 @@ def vmapped_loop(specs: Sequence[xshare.JobSpec], capacity: int, steps: int) -> 
         batches = [s.data(k) for s in list(specs) + fill]
         stacked, _ = f(stacked, jax.tree.map(lambda *xs: np.stack(xs), *batches))
     return [unsplit([x[i] for x in stacked]) for i in range(len(specs))]
+
+
+MULTI_STEPS, MULTI_K = 40, 4
+
+
+def check_multistep(make_spec: Callable[[int], xshare.JobSpec], ref: Any,
+                    canon: Callable[[Any], Any] = lambda s: s, *,
+                    policies: Sequence[str] = xshare.POLICIES) -> None:
+    """Run ``make_spec(MULTI_STEPS)`` with ``steps_per_call=MULTI_K`` under every policy: it ran
+    steps MULTI_K per call (after its warm-up and the exactness check) and ends bit-identical to
+    ``ref`` (the reference after MULTI_STEPS steps). A first runtime compiles the K-step program
+    (in the background, as always; ``close`` waits for the pool) so the runs after it adopt it."""
+    # Warm-up runs: the first compiles the first form; where the check does not keep it (a rolled
+    # loop that is not bit-identical, as for a small CNN on CPU) the next run compiles the next.
+    for _ in range(3):
+        with xshare.Runtime(memory="512MiB", steps_per_call=MULTI_K, quantum=MULTI_K) as rt:
+            warm = rt.submit(make_spec(MULTI_STEPS))
+            rt.wait()
+        if warm._rec.tier is not None and warm._rec.tier.steps_at.get(MULTI_K):
+            break
+    for policy in policies:
+        # (quantum: under srtf and priority a call is capped near 2 ms of device time, fewer
+        # steps than MULTI_K on a loaded machine, unless the job keeps the device that long)
+        handles, _ = run([make_spec(MULTI_STEPS)], policy=policy, steps_per_call=MULTI_K, quantum=MULTI_K)
+        tier = handles[0]._rec.tier
+        assert tier is not None and tier.steps_at.get(MULTI_K, 0) > 0, \
+            f"under {policy} no call ran {MULTI_K} steps: {tier and tier.steps_at} {tier and tier.note}"
+        assert_states_equal(canon(handles[0].result()[0]), ref, what=f"{MULTI_K} steps per call under {policy}")

@@ -72,3 +72,7 @@ def test_fused_sweep():
 def test_checkpointed_and_resumed(tmp_path):
     harness.check_resume(tmp_path, lambda b: spec(0, harness.RESUME_STEPS, b), data(0),
                          reference(0, harness.RESUME_STEPS))
+
+
+def test_several_steps_per_call_bit_identical_under_every_policy():
+    harness.check_multistep(lambda steps: spec(0, steps), reference(0, harness.MULTI_STEPS))

@@ -74,3 +74,7 @@ def test_the_reference_trains():  # the comparison above is between runs that do
     last = loss_fn(reference(0, 30)[0], data(0)(0))
     assert float(last) < 0.9 * float(first)
     assert jnp.isfinite(last)
+
+
+def test_several_steps_per_call_bit_identical_under_every_policy():
+    harness.check_multistep(lambda steps: spec(0, steps), reference(0, harness.MULTI_STEPS))

@@ -50,6 +50,8 @@ from .executor import Executor
 from .fusion import Group
 from .groups import Groups
 from .lifecycle import Lifecycle
+from .multicall import MultiCalls
+from .tiers import Tiers
 from .planner import Planner
 from .plan import Plan
 from .records import JobRecord
@@ -74,6 +76,9 @@ class DispatchConfig:
     checkpoint_dir: Any = None
     capacity_source: str = ""        # where the arena's size came from (for refusals)
     fuse: bool = False
+    steps_per_call: int = 1          # the most steps one call may run (1: one step per call)
+    steps_forced: bool = False       # the user named K: no payback weighing (tiers.py)
+    preemptive: bool = False         # the policy preempts at step boundaries (caps K: sched/steps.py)
     group_capacity: int | None = None  # fused groups' floor (sched/capacity.py); None: none
     ids: Iterator[int] = field(default_factory=itertools.count)  # shared with jobs: group ids
     debug_ownership: bool = False
@@ -83,10 +88,11 @@ def debug_ownership_default() -> bool:
     return os.environ.get("XSHARE_DEBUG_OWNERSHIP", "") not in ("", "0")
 
 
-class Dispatcher(Planner, Executor, Groups, Admission, Lifecycle):
+class Dispatcher(Planner, Executor, MultiCalls, Groups, Admission, Lifecycle):
     def __init__(self, *, policy: Any, arena: Any, device: Any, feeder: Any, recorder: Any,
                  timeline: Any, ring: int | None, t0: float, on_end: Callable[[JobRecord], None],
-                 config: DispatchConfig):
+                 config: DispatchConfig, submit: Callable[[Callable[[], Any]], Future] | None = None,
+                 compile_estimate: Callable[[], float | None] = lambda: None):
         self.policy, self.arena, self.device = policy, arena, device
         self.feeder, self.recorder, self.timeline, self.ring = feeder, recorder, timeline, ring
         self.config, self.t0, self._on_end = config, t0, on_end
@@ -95,6 +101,11 @@ class Dispatcher(Planner, Executor, Groups, Admission, Lifecycle):
         self.group_ahead = config.dispatch_ahead if config.group_ahead is None else config.group_ahead
         self.checkpoint_every, self.checkpoint_dir = config.checkpoint_every, config.checkpoint_dir
         self.capacity_source, self.fuse = config.capacity_source, config.fuse
+        self.preemptive = config.preemptive
+        # K-step programs promoted in the background (tiers.py, multicall.py).
+        self.tiers = Tiers(device=device, submit=submit, max_k=config.steps_per_call,
+                           forced=config.steps_forced,
+                           compile_estimate=compile_estimate)
         self.jobs: dict[int, JobRecord] = {}          # every live job, by id
         self._running: dict[int, Any] = {}            # RUNNING jobs and groups: what the policy sees
         self._swap_waiting: list[JobRecord] = []      # resumed, state on the host, no room yet

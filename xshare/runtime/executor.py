@@ -22,6 +22,7 @@ from .fusion import Group
 from .records import JobRecord
 from .source import END, BatchMismatch, DataError
 from .states import JobState
+from .tiers import WARM_STEPS
 
 log = logging.getLogger("xshare.runtime")
 
@@ -44,6 +45,15 @@ class Executor:
         if isinstance(job, Group):
             self._dispatch_group(job, li, pos)
             return
+        tier = job.tier
+        if tier is not None:
+            if tier.pending is not None and tier.pending.done() and self._promote(job, li, pos):
+                return  # the check ran this turn's steps (tiers.py)
+            if tier.multi is not None:
+                k = self._steps_this_call(job, tier.available())
+                if k > 1:
+                    self._dispatch_multi(job, li, pos, k)
+                    return
         batch = job.batches.popleft()
         if batch is END or isinstance(batch, DataError):
             self._dispatch_marker(job, batch)
@@ -66,13 +76,19 @@ class Executor:
         job.dispatched += 1
         job.in_flight += 1
         self._took_turn(job, li, pos)
-        self._inflight.append((job, step, outs[1], t))
+        self._inflight.append((job, step, outs[1], t, 1))
+        self._after_steps(job, step, 1)
+
+    def _after_steps(self, job: JobRecord, step: int, k: int) -> None:
+        """After steps ``step .. step + k - 1`` of a solo job were dispatched: its evaluation,
+        its end, its checkpoint (``k`` never passes one of these boundaries: sched/steps.py)."""
+        last = step + k - 1
         if job.eval is not None:
-            evaluation.due(self, job, step)
+            evaluation.due(self, job, last)
         left = job.steps_left
         if left == 0:
             self._dirty = True  # it leaves the rotation; it finishes when its steps retire
-        elif self.checkpoint_every and (step + 1) % self.checkpoint_every == 0 and left:
+        elif self.checkpoint_every and (last + 1) % self.checkpoint_every == 0 and left:
             # Its next step would consume (donate) this state: copy it out first.
             self._drain_inflight()
             if job.error is None and not job.terminal:
@@ -146,7 +162,7 @@ class Executor:
             # final state can be read from its slot whenever it is retired: see _state_of.)
             steps[slot] = (job, step)
         self._took_turn(group, li, pos)
-        self._inflight.append((group, steps, outs[1], t))
+        self._inflight.append((group, steps, outs[1], t, 1))
         due = [job for job, step in steps.values() if self.checkpoint_every and job.steps_left
                and (step + 1) % self.checkpoint_every == 0]
         if due:
@@ -209,7 +225,7 @@ class Executor:
         self._last_retire_ns = t_end
 
     def _retire(self, t_end: int | None = None) -> None:
-        job, step, vec, t = self._inflight.popleft()
+        job, step, vec, t, k = self._inflight.popleft()
         if isinstance(job, Group):
             self._retire_group(job, step, vec, t, t_end)
             return
@@ -219,14 +235,33 @@ class Executor:
             # steps dispatched after this one keep the device busy.
             values = np.asarray(vec)
         except Exception as err:  # noqa: BLE001 - a step that fails on the device fails its job
-            self._fail(job, f"step {step} raised: {short_error(err)}", err)
+            self._fail(job, f"step {step} raised: {short_error(err)}"
+                       if k == 1 else f"steps {step}-{step + k - 1} raised: {short_error(err)}", err)
         else:
             t_end = t_end or time.monotonic_ns()
-            self._retired(job, step, values, t_end)
-            if self.ring is None:
-                self.timeline.host_step(job, t, t_end)
+            if k == 1:
+                self._retired(job, step, values, t_end)
+                if self.ring is None:
+                    self.timeline.host_step(job, t, t_end)
+            else:
+                self._retired_many(job, step, values, t, t_end)
         if job.in_flight == 0:
             self._settle(job)
+        if (job.tier is None or not job.tier.considered) and job.steps_done >= WARM_STEPS \
+                and self.tiers.enabled and job.group is None and not job.terminal:
+            self._consider(job)
+
+    def _retired_many(self, job: JobRecord, step: int, values: Any, t: int, t_end: int) -> None:
+        """The K rows of one K-step call, one per step, as if each had retired alone (host times
+        split evenly over the call: the fences time each inner step themselves)."""
+        k = len(values)
+        for i in range(k):
+            if job.error is not None:
+                break  # (nan_policy="fail" at an earlier row: the later rows are not its steps)
+            t_i = t + (t_end - t) * (i + 1) // k
+            self._retired(job, step + i, values[i], t_i)
+            if self.ring is None:
+                self.timeline.host_step(job, t + (t_end - t) * i // k, t_i)
 
     def _retired(self, job: JobRecord, step: int, values: Any, t_end: int, *,
                  finite: bool | None = None) -> None:

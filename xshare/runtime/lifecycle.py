@@ -91,6 +91,7 @@ class Lifecycle:
             evaluation.release(self, job)
         if job.group is not None:
             self._leave_group(job)
+        self.tiers.forget(job)
         job.arrays = job.host_arrays = job.ident = None  # drop the device buffers
         # ... and the spec's step, initial state and data (its result is host_state): a runtime
         # that has run thousands of jobs must not keep every one's initial arrays and step

@@ -124,6 +124,7 @@ class JobRecord:
     slot: int | None = None
     fuse_hint: int = 1                    # jobs of its submit_many call with the same step
     shared: bool = False                  # other jobs of its family run its program (fused runtimes)
+    tier: Any = None                      # its K-step program, if promoted (tiers.JobTier)
     # Counters (the dispatcher's).
     dispatched: int = 0                   # steps dispatched since start_step
     steps_done: int = 0                   # steps completed since start_step

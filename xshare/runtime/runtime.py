@@ -84,6 +84,14 @@ class Runtime(Preparation, Deployments, Controls):
       compile_workers: threads that trace and compile jobs (cache misses only).
       fuse: run jobs that share a program as fused groups: one vmapped executable steps them
         all, each still its own job (README: "Fused sweeps"). Off by default.
+      steps_per_call: the most steps one executable call may run (like Keras'
+        ``steps_per_execution``). "auto" (default): each job starts one step per call; a K-step
+        program (a scan over K stacked batches) compiles in the background where the job's
+        remaining steps repay it, and the job moves to it at a step boundary once it is checked
+        bit-identical to K single steps and measured faster (docs/explanation/multi-step.md). A
+        call never passes a job's last step, evaluation, checkpoint or the reports its
+        ``on_metrics`` acts on; under srtf/priority it is capped near 2 ms of device time. An
+        int caps K (rounded down to a power of two); 1 runs one step per call.
       group_capacity: with ``fuse``, the slots every fused group has at least (rounded up to a
         power of two): a group opens with room for this many jobs, even for one job of a program
         others run, and never shrinks below it, so a workload that keeps about this many jobs of
@@ -100,11 +108,13 @@ class Runtime(Preparation, Deployments, Controls):
                  status_port: int | None = None, status_host: str = "127.0.0.1",
                  checkpoint_dir: str | os.PathLike | None = None, checkpoint_every: int | None = None,
                  resume: bool = False, max_lanes: int | None = None, slots: int = 1,
-                 compile_workers: int = 1, fuse: bool = False, group_capacity: int | None = None):
+                 compile_workers: int = 1, fuse: bool = False, group_capacity: int | None = None,
+                 steps_per_call: int | str = "auto"):
         self.policy = sched.get_policy(policy)
         group_ahead = dispatch_ahead
+        max_k = _steps_per_call(steps_per_call)
         if dispatch_ahead is None:
-            responsive = getattr(self.policy, "name", "") in ("srtf", "priority")
+            responsive = bool(getattr(self.policy, "preemptive", False))
             dispatch_ahead = 1 if responsive else 8
             # Throughput policies keep a fusion group's pipeline deeper (Dispatcher._group_depth).
             group_ahead = dispatch_ahead if responsive else fusion.GROUP_AHEAD
@@ -163,8 +173,11 @@ class Runtime(Preparation, Deployments, Controls):
                 quantum=quantum, slots=slots, dispatch_ahead=dispatch_ahead, group_ahead=group_ahead,
                 prefetch=prefetch, checkpoint_every=checkpoint_every, checkpoint_dir=self.checkpoint_dir,
                 capacity_source=self.capacity_source, fuse=self.fuse, group_capacity=self.group_capacity,
-                ids=self._ids,
-                debug_ownership=debug_ownership_default()))
+                ids=self._ids, steps_per_call=max_k, steps_forced=steps_per_call != "auto",
+                preemptive=bool(getattr(self.policy, "preemptive", False)),
+                debug_ownership=debug_ownership_default()),
+            submit=lambda fn: self._pool.submit(fn),
+            compile_estimate=lambda: PROGRAMS.compile_s / PROGRAMS.compiles if PROGRAMS.compiles else None)
         self._sweeps = Sweeps(self.device)     # fused runtimes: which program each job runs
         self._dispatcher.sweeps = self._sweeps
         self._pool = ThreadPoolExecutor(max_workers=compile_workers, thread_name_prefix="xshare-compile")
@@ -411,3 +424,17 @@ def run(specs: Iterable[JobSpec], *, policy: str = "pack", memory: int | str | N
 
 
 __all__ = ["Runtime", "JobHandle", "run", "Progress", "format_bytes"]
+
+
+def _steps_per_call(value: int | str) -> int:
+    """``Runtime(steps_per_call=...)``: "auto" (the runtime promotes jobs to K-step programs
+    where they pay, K up to ``sched.steps.MAX_STEPS_PER_CALL``), or an int cap (1: one step per
+    call, as a plain loop)."""
+    from ..sched.steps import MAX_STEPS_PER_CALL, pow2_floor
+
+    if value == "auto":
+        return MAX_STEPS_PER_CALL
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"steps_per_call={value!r} must be 'auto' or an int >= 1 (1: one step per "
+                         "executable call)")
+    return pow2_floor(value)

@@ -17,6 +17,7 @@ from .view import Decision, View
 class Fair:
     name = "fair"
     exclusive = False
+    preemptive = False
     # Its decision depends on measured device time, which moves every step: the runtime asks it
     # again after every rotation rather than every few (an O(jobs) view per O(jobs) steps).
     timing = True

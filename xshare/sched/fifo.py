@@ -15,6 +15,7 @@ from .view import Decision, View
 class Fifo:
     name = "fifo"
     exclusive = True
+    preemptive = False
 
     def init(self) -> Any:
         return None

@@ -27,6 +27,7 @@ def next_in_lane(jobs: list[JobView], quantum: int) -> JobView:
 class Pack:
     name = "pack"
     exclusive = False
+    preemptive = False
 
     def init(self) -> Any:
         return None

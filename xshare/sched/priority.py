@@ -16,6 +16,7 @@ from .view import Decision, View
 class Priority:
     name = "priority"
     exclusive = True
+    preemptive = True  # a newly urgent job takes over at the next step boundary
 
     def init(self) -> Any:
         return None

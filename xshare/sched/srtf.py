@@ -30,6 +30,7 @@ def remaining_s(job: JobView) -> float:
 class Srtf:
     name = "srtf"
     exclusive = True
+    preemptive = True  # a newly urgent job takes over at the next step boundary
 
     def init(self) -> Any:
         return None

@@ -250,7 +250,9 @@ class _Driver(_Teller):
             every = max(1, (spec.steps or 200) // 20)  # a train metric: 20 reports a trial
         r = _Running(trial, self.metric, every, budget=spec.steps)
         r.decided.set()
-        return r, spec.replace(name=f"trial-{trial.number}", on_metrics=self.hook(r))
+        # The steps the hook acts on: the runtime runs several steps per call between them.
+        return r, spec.replace(name=f"trial-{trial.number}", on_metrics=self.hook(r),
+                               on_metrics_every=every if every is not None else 0)
 
     def _job(self, trial: optuna.Trial) -> Any:
         spec = self.objective(trial)

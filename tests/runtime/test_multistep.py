@@ -1,0 +1,164 @@
+"""Several steps per executable call (runtime/multistep.py, tiers.py, multicall.py): a job moved
+to its K-step program ends bit-identical to the plain loop, every step's metrics included, under
+every policy; a K-step form that is not bit-identical is never kept; boundaries bound K."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+import xshare
+from xshare.models import cnn, digits, mlp, transformer
+from xshare.runtime import multistep
+from xshare.runtime.multistep import FORMS, Form
+from tests.helpers import assert_trees_equal, linreg_data, linreg_state, linreg_step, plain_loop
+from tests.users.harness import MULTI_K, MULTI_STEPS, check_multistep
+
+SLOW = pytest.mark.slow  # compiles of convolutions, attention and a K-step scan of them: ~20 s each
+ZOO = {
+    "mlp": lambda steps: mlp.make_job(width=32, depth=2, batch=16, steps=steps, seed=3),
+    "cnn": lambda steps: cnn.make_job(channels=4, blocks=1, batch=8, steps=steps, seed=3),
+    "transformer": lambda steps: transformer.make_job(d_model=16, layers=1, heads=2, seq=16, batch=4,
+                                                      steps=steps, seed=3),
+    "digits": lambda steps: digits.make_job(width=16, batch=32, steps=steps, eval_every=None, seed=3),
+}
+
+
+@pytest.mark.parametrize("model", ["mlp", pytest.param("cnn", marks=SLOW),
+                                   pytest.param("transformer", marks=SLOW), pytest.param("digits", marks=SLOW)])
+def test_every_zoo_model_bit_identical_at_k_steps_per_call_under_every_policy(model):
+    make = ZOO[model]
+    ref_state, _ = plain_loop(make(MULTI_STEPS))
+    nnx_job = model != "digits"  # the zoo's others are xshare.nnx jobs: their result is objects
+    check_multistep(make, ref_state, (lambda objects: nnx.state(objects)) if nnx_job else (lambda s: s))
+
+
+def _run_until(k, make, **kw):
+    """Run ``make()`` in a fresh Runtime(**kw) until a run had calls of ``k`` steps (the first
+    compiles the K-step program in the background; a later one checks and adopts it). At most
+    three runs; returns the last run's handle."""
+    root = kw.pop("log_root", None)
+    for i in range(3):
+        if root is not None:  # each run its own run directory (a job's rows append to its file)
+            kw["log_dir"] = root / f"run{i}"
+        with xshare.Runtime(**kw) as rt:
+            handle = rt.submit(make())
+            rt.wait()
+        if handle._rec.tier is not None and handle._rec.tier.steps_at.get(k):
+            break
+    return handle
+
+
+def _rows(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_every_steps_metrics_row_and_the_final_state_match_the_plain_loop(tmp_path):
+    """Rows come back stacked from a K-step call and are recorded one per step, in order."""
+    steps = 64
+
+    def make():
+        return linreg_step.bind(linreg_state(seed=5), linreg_data(seed=5), steps=steps, name="lin")
+
+    handle = _run_until(8, make, memory="256MiB", steps_per_call=8, log_root=tmp_path)
+    tier = handle._rec.tier
+    assert tier.steps_at.get(8, 0) >= 16, tier.steps_at
+    assert_trees_equal(handle.result()[0], plain_loop(make())[0])
+    # The plain loop's losses, step by step.
+    spec = make()
+    f = jax.jit(spec.fn, donate_argnums=0)
+    state, losses = jax.tree.map(np.array, spec.state), []
+    for k in range(steps):
+        state, m = f(state, spec.data(k))
+        losses.append(np.float32(m["loss"]))
+    rows = _rows(max(tmp_path.glob("run*")) / "lin" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(steps))
+    assert [np.float32(r["loss"]) for r in rows] == losses
+
+
+def test_a_form_that_is_not_bit_identical_is_never_kept(monkeypatch):
+    """The check compares K single steps with the K-step call from one state: a K-step program
+    that computes anything else (here: one whose steps add 1e-6 to the state) is not kept, the
+    job stays at one step per call and ends exact, and the reason is recorded."""
+    real = multistep._compile
+
+    def off_by_a_little(program, form, device):
+        out = real(program, form, device)
+        exe = out.executable
+
+        def perturbed(state, batches, *ident):
+            new, rows = exe(state, batches, *ident)
+            return [x + 1e-6 if np.issubdtype(x.dtype, np.floating) else x for x in new], rows
+
+        return multistep.MultiStep(form=out.form, executable=perturbed, footprint=out.footprint,
+                                   compile_s=out.compile_s)
+
+    from xshare.runtime.compiler import ProgramCache
+
+    # A cache and verdicts of its own, so the real K-step program of this step (compiled by an
+    # earlier test of the process) is neither used here nor replaced for the tests after it.
+    monkeypatch.setattr(multistep, "_compile", off_by_a_little)
+    monkeypatch.setattr(multistep, "VERDICTS", multistep.Verdicts())
+    monkeypatch.setattr(multistep, "PROGRAMS", ProgramCache())
+
+    def make():
+        return linreg_step.bind(linreg_state(dim=6, seed=9), linreg_data(dim=6, seed=9), steps=80, name="p")
+
+    for _ in range(2):  # the first compiles in the background, the second checks
+        with xshare.Runtime(memory="256MiB", steps_per_call=4) as rt:
+            handle = rt.submit(make())
+            rt.wait()
+    tier = handle._rec.tier
+    assert 4 not in tier.steps_at, tier.steps_at
+    assert "not bit-identical" in tier.note, tier.note
+    assert_trees_equal(handle.result()[0], plain_loop(make())[0])
+
+
+def test_k_never_passes_a_checkpoint(tmp_path):
+    """Checkpoints every 6 steps: the K-step form is K=4 (the largest power of two <= 6), and
+    calls stop at each checkpoint (a checkpoint inside a call could not be written: the call
+    donates the state it starts from)."""
+    def make():
+        return linreg_step.bind(linreg_state(seed=2), linreg_data(seed=2), steps=48, name="c")
+
+    handle = _run_until(4, make, memory="256MiB", steps_per_call=16, checkpoint_dir=tmp_path,
+                        checkpoint_every=6)
+    tier = handle._rec.tier
+    assert set(tier.steps_at) <= {1, 4} and tier.steps_at.get(4, 0) > 0, tier.steps_at
+    assert_trees_equal(handle.result()[0], plain_loop(make())[0])
+
+
+def test_one_step_per_call_when_asked():
+    with xshare.Runtime(memory="256MiB", steps_per_call=1) as rt:
+        handle = rt.submit(linreg_step.bind(linreg_state(), linreg_data(), steps=40, name="one"))
+        rt.wait()
+    assert handle._rec.tier is None
+    assert_trees_equal(handle.result()[0], plain_loop(linreg_step.bind(linreg_state(), linreg_data(), steps=40))[0])
+
+
+@pytest.mark.parametrize("bad", [0, -2, 2.5, "fast", True])
+def test_steps_per_call_refuses_a_bad_value(bad):
+    with pytest.raises(ValueError, match=r"steps_per_call=.* must be 'auto' or an int >= 1"):
+        xshare.Runtime(memory="64MiB", steps_per_call=bad)
+
+
+def test_the_forms_tried_fit_the_jobs_boundaries():
+    from xshare.runtime.tiers import Tiers
+
+    tiers = Tiers(device=None, submit=lambda fn: None, max_k=32, compile_estimate=lambda: None)
+    assert tiers.forms(None) == list(FORMS)
+    assert tiers.forms(6) == [Form(4, False), Form(4, True)]
+    assert tiers.forms(1) == []
+    assert Tiers(device=None, submit=lambda fn: None, max_k=2, compile_estimate=lambda: None).forms(None) \
+        == [Form(2, False), Form(2, True)]
+
+
+def test_first_difference_names_the_leaf():
+    a = [np.zeros(3, np.float32), np.ones(2, np.float32)]
+    b = [np.zeros(3, np.float32), np.array([1, 1.5], np.float32)]
+    assert multistep.first_difference(a, a, "state") is None
+    assert multistep.first_difference(a, b, "state") == "state leaf 1 differs (max |difference| 0.5)"

@@ -1,0 +1,168 @@
+"""Programs that run K consecutive steps of a job in one executable call.
+
+A K-step program is ``lax.scan`` of the job's own flat step over K stacked batches: the same
+ops on the same values, one host call instead of K. Each inner step keeps its FFI fences (one
+begin/end pair per step, so the timeline is unchanged) and its metrics come back stacked, one
+row per step. Rolled (``unroll=1``) the body is compiled once, whatever K; unrolled it is K
+copies, which XLA may optimise as the single step is (the form that stayed bit-identical for a
+small CNN whose rolled loop did not). Which form a program keeps is decided by the exactness
+check in ``tiers.py``, never assumed. See docs/explanation/multi-step.md.
+
+Programs are shared process-wide through the program cache (``ProgramCache.shared``), keyed by
+the single step's program key, K and the form, like every other program.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import numpy as np
+
+from .. import ffi
+from ..memory.footprint import Footprint, footprint_from_analysis
+from .compiler import DONATE, PROGRAMS, CompiledStep, tree_nbytes
+
+
+@dataclass(frozen=True)
+class Form:
+    """A K-step program's shape: how many steps per call, and whether the loop is unrolled."""
+
+    k: int
+    unroll: bool
+
+    def describe(self) -> str:
+        return f"K={self.k} {'unrolled' if self.unroll else 'rolled'}"
+
+
+@dataclass(frozen=True)
+class MultiStep:
+    """A compiled K-step program of one single-step program."""
+
+    form: Form
+    executable: Any          # (state leaves, stacked batch leaves[, ident]) -> (state, metrics[K, M])
+    footprint: Footprint     # from its own memory analysis (K batches, K rows of metrics)
+    compile_s: float
+
+    @property
+    def k(self) -> int:
+        return self.form.k
+
+
+# The forms tried for a program, in order: a rolled loop first (its compile does not grow with
+# K), then a shorter unrolled one (a compile K bodies long; for programs whose rolled form is
+# slower or not bit-identical). A program keeps the first that passes the check.
+FORMS = (Form(16, False), Form(8, True))
+
+
+def compile_multi(program: CompiledStep, form: Form, device: Any) -> MultiStep:
+    """The K-step program of ``program`` in ``form`` (compiled once per process)."""
+    key = f"multistep {program.key} k={form.k} unroll={form.unroll}"
+    return PROGRAMS.shared(key, lambda: _compile(program, form, device))
+
+
+def _compile(program: CompiledStep, form: Form, device: Any) -> MultiStep:
+    sharding = jax.sharding.SingleDeviceSharding(device)
+    flat = program.flat
+    stacked = [jax.ShapeDtypeStruct((form.k,) + tuple(x.shape), x.dtype, sharding=sharding)
+               for x in program.batch_struct]
+    args: list[Any] = [program.state_struct, stacked]
+    if program.fenced:
+        ffi.ensure_loaded()
+        step = ffi.fenced(flat, donated=True)
+        args.append(jax.ShapeDtypeStruct((3,), np.int32, sharding=sharding))
+
+        def multi(state, batches, ident):
+            return jax.lax.scan(lambda s, b: step(s, b, ident), state, batches,
+                                unroll=form.k if form.unroll else 1)
+    else:
+        def multi(state, batches):
+            return jax.lax.scan(flat, state, batches, unroll=form.k if form.unroll else 1)
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+        lowered = jax.jit(multi, donate_argnums=DONATE).lower(*args)
+        t0 = time.perf_counter()
+        compiled = lowered.compile()
+        compile_s = time.perf_counter() - t0
+    fp = footprint_from_analysis(compiled.memory_analysis(), state_bytes=tree_nbytes(program.state_struct),
+                                 batch_bytes=tree_nbytes(stacked), prefetch=0,
+                                 job=f"{program.key[:12]} {form.describe()}")
+    return MultiStep(form=form, executable=compiled, footprint=fp, compile_s=compile_s)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the check found for a program in one form: bit-identical to K single steps or not,
+    and the measured seconds per step both ways (on the same state and batches)."""
+
+    form: Form
+    exact: bool
+    single_step_s: float
+    multi_step_s: float
+    why: str = ""
+
+    @property
+    def faster(self) -> bool:
+        return self.multi_step_s < self.single_step_s
+
+    @property
+    def kept(self) -> bool:
+        return self.exact and self.faster
+
+    def describe(self) -> str:
+        if not self.exact:
+            return f"{self.form.describe()} not kept: {self.why}"
+        ratio = self.single_step_s / self.multi_step_s if self.multi_step_s > 0 else float("inf")
+        verb = "kept" if self.faster else "not kept (slower)"
+        return (f"{self.form.describe()} {verb}: {self.multi_step_s * 1e6:.0f} us/step against "
+                f"{self.single_step_s * 1e6:.0f} us/step one step per call ({ratio:.2f}x)")
+
+
+class Verdicts:
+    """Process-wide: the check runs once per (program, form), whichever job or runtime ran it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by: dict[tuple[str, Form], Verdict] = {}
+
+    def get(self, program_key: str, form: Form) -> Verdict | None:
+        with self._lock:
+            return self._by.get((program_key, form))
+
+    def put(self, program_key: str, verdict: Verdict) -> None:
+        with self._lock:
+            self._by[(program_key, verdict.form)] = verdict
+
+    def of(self, program_key: str) -> list[Verdict]:
+        with self._lock:
+            return [v for (key, _), v in self._by.items() if key == program_key]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._by.clear()
+
+
+VERDICTS = Verdicts()
+
+
+def first_difference(a: list, b: list, what: str) -> str | None:
+    """Where two lists of arrays first differ bit for bit (None if they do not)."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        x, y = np.asarray(x), np.asarray(y)
+        if x.shape != y.shape or x.dtype != y.dtype:
+            return f"{what} leaf {i}: {x.dtype}{list(x.shape)} vs {y.dtype}{list(y.shape)}"
+        if x.tobytes() != y.tobytes():
+            diff = np.abs(x.astype(np.float64) - y.astype(np.float64)) if x.dtype.kind in "fc" else None
+            detail = f" (max |difference| {float(diff.max()):.3g})" if diff is not None and diff.size else ""
+            return f"{what} leaf {i} differs{detail}"
+    return None
+
+
+def stack(batches: list[list]) -> list:
+    """K batches (each a list of leaves) as one list of stacked leaves (host arrays)."""
+    return [np.stack([np.asarray(b[i]) for b in batches]) for i in range(len(batches[0]))]

@@ -1,0 +1,115 @@
+"""Several steps per call: how many, and whether a faster program is worth its compile.
+
+Pure decisions (no jax, no clock, no device), table-tested in ``tests/sched/test_steps.py``.
+The runtime measures and passes everything in; it applies what comes back. See
+``docs/explanation/multi-step.md`` for the whole mechanism (programs, tiers, the exactness check).
+
+* ``steps_per_call``: a unit that has a K-step program runs K steps in one executable call,
+  but never past its next *boundary*: its last step, an evaluation, a checkpoint, a report that
+  ``on_metrics`` (a study) acts on, the batches it has ready, and under a preemptive policy the
+  time an urgent arrival may wait.
+* ``preemptive_cap``: under ``srtf`` and ``priority`` a call in flight cannot be preempted, so
+  a newly urgent job waits for it. The cap keeps a call within ``QUANTUM_S`` of device time
+  (or one step, if one step is longer), so the wait is about what one step cost before.
+* ``promotion_pays``: move a job to a program it has not got yet only if its remaining steps
+  repay the compile, from measured step times and a compile-time estimate.
+* ``fusion_pays``: the same rule for a fused group, with the per-member saving measured.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# The most steps one call runs. A rolled scan's compile does not grow with K, but the stacked
+# batches (charged to the job's footprint) and the granularity of control do; past ~32 the
+# host's per-call cost is already a small share of the call (measured in RESULTS.md, "speed
+# against K").
+MAX_STEPS_PER_CALL = 32
+
+# Under a preemptive policy, the device time one call may take: an urgent arrival waits at most
+# this long (or one step, when a single step is longer). 2 ms is well under what a person or a
+# serving SLO notices, and long enough that small steps (~50-200 us on a CPU) still run 8-32
+# per call, which is where most of the per-call saving is.
+QUANTUM_S = 2e-3
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """How far a unit may run from its current step (each: steps from now; None: no bound).
+
+    Attributes:
+      left: steps until its last one (None: until its data ends).
+      to_eval: steps until the next step after which an evaluation is owed.
+      to_checkpoint: steps until the next step after which a checkpoint is written.
+      to_report: steps until the next step whose metrics ``on_metrics`` acts on.
+      ready: batches ready now (a unit never waits inside a call for its data).
+      cap: the policy's bound (``preemptive_cap``), or None.
+    """
+
+    left: int | None = None
+    to_eval: int | None = None
+    to_checkpoint: int | None = None
+    to_report: int | None = None
+    ready: int | None = None
+    cap: int | None = None
+
+    def limit(self) -> int:
+        """The most steps this call may run (at least 1: a unit picked to step steps once)."""
+        bounds = [b for b in (self.left, self.to_eval, self.to_checkpoint, self.to_report,
+                              self.ready, self.cap) if b is not None]
+        return max(1, min(bounds)) if bounds else MAX_STEPS_PER_CALL
+
+
+def steps_per_call(bounds: Bounds, available: tuple[int, ...]) -> int:
+    """The largest K among ``available`` (the unit's programs: 1 and its multi-step K) that
+    does not pass any of ``bounds``; 1 when none does."""
+    limit = bounds.limit()
+    fits = [k for k in available if 1 <= k <= limit]
+    return max(fits) if fits else 1
+
+
+def until(step: int, every: int | None) -> int | None:
+    """Steps from ``step`` (the index of the next step to run) to the end of the next step
+    whose index + 1 is a multiple of ``every``: the boundary ``every`` makes (None: no bound).
+
+    >>> until(0, 10), until(9, 10), until(10, 10), until(5, None)
+    (10, 1, 10, None)
+    """
+    if not every:
+        return None
+    return every - (step % every)
+
+
+def preemptive_cap(step_s: float | None, quantum_s: float = QUANTUM_S) -> int:
+    """Under a preemptive policy: the most steps in a call so that it takes about
+    ``quantum_s`` of device time, as a power of two (1 while the step time is unknown)."""
+    if step_s is None or step_s <= 0:
+        return 1
+    k = int(quantum_s // step_s)
+    return 1 if k < 2 else min(pow2_floor(k), MAX_STEPS_PER_CALL)
+
+
+def promotion_pays(steps_left: int | None, step_s_now: float, step_s_next: float,
+                   compile_s: float) -> bool:
+    """Whether moving to a program with per-step time ``step_s_next`` (from ``step_s_now``)
+    repays ``compile_s`` over the steps left (None: unknown, the data decides: it pays if the
+    saving per step is positive, since an open-ended job runs on). A compile already paid (a
+    cached program) has ``compile_s`` = 0."""
+    saving = step_s_now - step_s_next
+    if saving <= 0:
+        return False
+    if steps_left is None:
+        return True
+    return steps_left * saving > compile_s
+
+
+def fusion_pays(member_steps_left: int, solo_step_s: float, fused_member_step_s: float,
+                compile_s: float) -> bool:
+    """Whether a fused group pays: the steps its members have left (summed) times what a
+    member step saves against a solo step, against the group program's compile."""
+    return promotion_pays(member_steps_left, solo_step_s, fused_member_step_s, compile_s)
+
+
+def pow2_floor(n: int) -> int:
+    """The largest power of two <= ``n`` (1 for n < 2)."""
+    return 1 << (max(n, 1).bit_length() - 1)
