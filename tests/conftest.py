@@ -11,6 +11,13 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # The dispatcher's one-writer rule, checked: its parts assert they run on its thread
 # (xshare/runtime/dispatcher.py, DispatchConfig.debug_ownership).
 os.environ.setdefault("XSHARE_DEBUG_OWNERSHIP", "1")
+# Every Runtime keeps XLA's persistent compilation cache (and the K-step verdicts beside it):
+# one per test session, shared by its processes, never the user's ~/.cache (a run must not
+# depend on what an earlier one left there).
+if "XSHARE_COMPILATION_CACHE" not in os.environ:
+    import tempfile
+
+    os.environ["XSHARE_COMPILATION_CACHE"] = tempfile.mkdtemp(prefix="xshare-test-xla-")
 
 
 

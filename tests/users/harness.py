@@ -175,6 +175,7 @@ def check_multistep(make_spec: Callable[[int], xshare.JobSpec], ref: Any,
         with xshare.Runtime(memory="512MiB", steps_per_call=MULTI_K, quantum=MULTI_K) as rt:
             warm = rt.submit(make_spec(MULTI_STEPS))
             rt.wait()
+            rt._tier_pool.shutdown(wait=True)  # (close does not wait for background compiles)
         if warm._rec.tier is not None and warm._rec.tier.steps_at.get(MULTI_K):
             break
     for policy in policies:

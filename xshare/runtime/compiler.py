@@ -49,6 +49,9 @@ class ProgramCache:
         self._programs: dict[str, Future] = {}    # program key -> CompiledStep
         self.compiles = 0                         # XLA compiles this cache ran (misses)
         self.compile_s = 0.0                      # their total time (a persistent-cache hit is quick)
+        # The longest one: what a program that is not in the persistent cache may cost (the
+        # mean would be a cache hit's, on a relaunch; tiers.py weighs compiles by this).
+        self.slowest_compile_s = 0.0
         self.hits = 0
 
     def get(self, job: Any, state: Any, batch: Any, *, device: Any, fenced: bool,
@@ -222,6 +225,7 @@ class ProgramCache:
         with self._lock:
             self.compiles += 1
             self.compile_s += seconds
+            self.slowest_compile_s = max(self.slowest_compile_s, seconds)
 
     def clear(self) -> None:
         with self._lock:

@@ -22,7 +22,6 @@ from .fusion import Group
 from .records import JobRecord
 from .source import END, BatchMismatch, DataError
 from .states import JobState
-from .tiers import WARM_STEPS
 
 log = logging.getLogger("xshare.runtime")
 
@@ -247,9 +246,9 @@ class Executor:
                 self._retired_many(job, step, values, t, t_end)
         if job.in_flight == 0:
             self._settle(job)
-        if (job.tier is None or not job.tier.considered) and job.steps_done >= WARM_STEPS \
-                and self.tiers.enabled and job.group is None and not job.terminal:
-            self._consider(job)
+        if (job.tier is None or not job.tier.considered) and self.tiers.enabled \
+                and job.group is None and not job.terminal:
+            self._consider(job)  # (at once for a program whose K-step form is known; else after WARM_STEPS)
 
     def _retired_many(self, job: JobRecord, step: int, values: Any, t: int, t_end: int) -> None:
         """The K rows of one K-step call, one per step, as if each had retired alone (host times

@@ -14,10 +14,13 @@ the single step's program key, K and the form, like every other program.
 
 from __future__ import annotations
 
+import json
+import os
 import threading
 import time
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -124,11 +127,29 @@ class Verdict:
 
 
 class Verdicts:
-    """Process-wide: the check runs once per (program, form), whichever job or runtime ran it."""
+    """Process-wide: the check runs once per (program, form), whichever job or runtime ran it.
+
+    With a persistent compilation cache (``Runtime(compilation_cache=...)``, on by default) the
+    verdicts are kept beside it, in ``verdicts.json``: a later process knows which forms passed
+    (and that their programs are in the cache, so adopting them costs a load, not a compile)
+    and which did not (it does not compile them again)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._by: dict[tuple[str, Form], Verdict] = {}
+        self._path: Path | None = None
+
+    def persist(self, directory: str | None) -> None:
+        """Read and from now on write the verdicts in ``directory`` (None: in memory only)."""
+        if directory is None:
+            return
+        path = Path(directory) / "verdicts.json"
+        with self._lock:
+            if self._path == path:
+                return
+            self._path = path
+            for (key, form), verdict in _read(path).items():
+                self._by.setdefault((key, form), verdict)
 
     def get(self, program_key: str, form: Form) -> Verdict | None:
         with self._lock:
@@ -137,6 +158,9 @@ class Verdicts:
     def put(self, program_key: str, verdict: Verdict) -> None:
         with self._lock:
             self._by[(program_key, verdict.form)] = verdict
+            path = self._path
+        if path is not None:
+            _write(path, program_key, verdict)
 
     def of(self, program_key: str) -> list[Verdict]:
         with self._lock:
@@ -148,6 +172,34 @@ class Verdicts:
 
 
 VERDICTS = Verdicts()
+
+
+def _read(path: Path) -> dict:
+    try:
+        rows = json.loads(path.read_text())
+        return {(r["program"], Form(int(r["k"]), bool(r["unroll"]))):
+                Verdict(Form(int(r["k"]), bool(r["unroll"])), bool(r["exact"]), float(r["single_step_s"]),
+                        float(r["multi_step_s"]), str(r.get("why", "")))
+                for r in rows}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}  # none yet, or unreadable: the checks run again (they are only a cost)
+
+
+def _write(path: Path, program_key: str, verdict: Verdict) -> None:
+    """Merge one verdict into the file (read, add, write a temporary, rename: another process
+    writing at the same time may lose one row, which only means that check runs again)."""
+    rows = {(k, f): v for (k, f), v in _read(path).items()}
+    rows[(program_key, verdict.form)] = verdict
+    out = [{"program": k, "k": f.k, "unroll": f.unroll, "exact": v.exact,
+            "single_step_s": v.single_step_s, "multi_step_s": v.multi_step_s, "why": v.why}
+           for (k, f), v in rows.items()]
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
+        tmp.write_text(json.dumps(out))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only cache: verdicts stay in this process
 
 
 def first_difference(a: list, b: list, what: str) -> str | None:

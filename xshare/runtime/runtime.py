@@ -92,6 +92,12 @@ class Runtime(Preparation, Deployments, Controls):
         call never passes a job's last step, evaluation, checkpoint or the reports its
         ``on_metrics`` acts on; under srtf/priority it is capped near 2 ms of device time. An
         int caps K (rounded down to a power of two); 1 runs one step per call.
+      compilation_cache: keep XLA's compiled programs on disk, so a relaunch of the same jobs
+        (and K-step and fused programs) loads them instead of compiling: True (default) uses
+        ``$XSHARE_COMPILATION_CACHE`` or ``~/.cache/xshare/xla`` unless the process already set
+        ``jax_compilation_cache_dir`` (then that one is kept); a path uses that directory; False
+        leaves JAX's settings alone. This is JAX's own persistent cache (process-wide: the
+        process's other ``jax.jit`` programs use it too), as ``xshare launch`` always did.
       group_capacity: with ``fuse``, the slots every fused group has at least (rounded up to a
         power of two): a group opens with room for this many jobs, even for one job of a program
         others run, and never shrinks below it, so a workload that keeps about this many jobs of
@@ -109,8 +115,12 @@ class Runtime(Preparation, Deployments, Controls):
                  checkpoint_dir: str | os.PathLike | None = None, checkpoint_every: int | None = None,
                  resume: bool = False, max_lanes: int | None = None, slots: int = 1,
                  compile_workers: int = 1, fuse: bool = False, group_capacity: int | None = None,
-                 steps_per_call: int | str = "auto"):
+                 steps_per_call: int | str = "auto", compilation_cache: bool | str | os.PathLike = True):
         self.policy = sched.get_policy(policy)
+        self.compilation_cache = _compilation_cache(compilation_cache)
+        if self.compilation_cache is not None:
+            from .multistep import VERDICTS
+            VERDICTS.persist(self.compilation_cache)
         group_ahead = dispatch_ahead
         max_k = _steps_per_call(steps_per_call)
         if dispatch_ahead is None:
@@ -176,11 +186,14 @@ class Runtime(Preparation, Deployments, Controls):
                 ids=self._ids, steps_per_call=max_k, steps_forced=steps_per_call != "auto",
                 preemptive=bool(getattr(self.policy, "preemptive", False)),
                 debug_ownership=debug_ownership_default()),
-            submit=lambda fn: self._pool.submit(fn),
-            compile_estimate=lambda: PROGRAMS.compile_s / PROGRAMS.compiles if PROGRAMS.compiles else None)
+            submit=lambda fn: self._tier_pool.submit(fn),
+            compile_estimate=lambda: PROGRAMS.slowest_compile_s or None)
         self._sweeps = Sweeps(self.device)     # fused runtimes: which program each job runs
         self._dispatcher.sweeps = self._sweeps
         self._pool = ThreadPoolExecutor(max_workers=compile_workers, thread_name_prefix="xshare-compile")
+        # K-step programs (tiers.py) compile on a thread of their own: a job's first program
+        # never queues behind another job's promotion, and close() need not wait for them.
+        self._tier_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="xshare-tiers")
         self.status_server = None
         if status_port is not None:
             from .server import StatusServer
@@ -340,6 +353,10 @@ class Runtime(Preparation, Deployments, Controls):
                 return
             self._closed = True
         self._pool.shutdown(wait=True, cancel_futures=True)
+        # Not waited for: a K-step program compiling in the background (tiers.py) for jobs that
+        # have ended finishes on its own (into the persistent compilation cache, for the next
+        # run) without holding this close().
+        self._tier_pool.shutdown(wait=False, cancel_futures=True)
         try:
             self._dispatcher.call(self._dispatcher.shutdown, timeout=60)
         except Exception as err:  # noqa: BLE001
@@ -438,3 +455,20 @@ def _steps_per_call(value: int | str) -> int:
         raise ValueError(f"steps_per_call={value!r} must be 'auto' or an int >= 1 (1: one step per "
                          "executable call)")
     return pow2_floor(value)
+
+
+def _compilation_cache(value: bool | str | os.PathLike) -> str | None:
+    """``Runtime(compilation_cache=...)``: turn on JAX's persistent compilation cache (see the
+    argument's docs); the directory in use, or None."""
+    from .compiler import enable_persistent_cache
+
+    if value is False:
+        return None
+    if value is True:
+        current = jax.config.jax_compilation_cache_dir
+        if current:
+            return str(current)  # the user's own choice stands
+        return enable_persistent_cache()
+    if isinstance(value, (str, os.PathLike)):
+        return enable_persistent_cache(os.fspath(value))
+    raise ValueError(f"compilation_cache={value!r} must be True, False or a directory path")

@@ -90,6 +90,9 @@ class Tiers:
                              else "one step per call")
             return
         known = multistep.VERDICTS.get(program.key, form)
+        if known is None and job.steps_done < WARM_STEPS:
+            tier.considered = False  # weighed once its step time is measured
+            return
         if self.forced and (known is None or known.exact):
             self._start(tier, program, form)
             return
