@@ -165,3 +165,25 @@ def test_first_difference_names_the_leaf():
     b = [np.zeros(3, np.float32), np.array([1, 1.5], np.float32)]
     assert multistep.first_difference(a, a, "state") is None
     assert multistep.first_difference(a, b, "state") == "state leaf 1 differs (max |difference| 0.5)"
+
+
+def test_a_fused_group_runs_k_steps_per_call_and_matches_the_vmapped_loop():
+    """A fused group moves to its K-step program too: every member ends bit-identical to the
+    same vmapped step in a plain loop (the fused contract), with most member steps at K."""
+    from tests.users.harness import vmapped_loop
+
+    def make():
+        return [linreg_step.bind(linreg_state(seed=i), linreg_data(seed=i), steps=96, name=f"f{i}")
+                for i in range(3)]
+
+    for _ in range(3):
+        with xshare.Runtime(memory="256MiB", fuse=True, steps_per_call=8) as rt:
+            handles = rt.submit_many(make())
+            rt.wait()
+            rt._tier_pool.shutdown(wait=True)
+        if all(h._rec.tier is not None and h._rec.tier.steps_at.get(8, 0) >= 48 for h in handles):
+            break
+    assert all(h._rec.tier.steps_at.get(8, 0) >= 48 for h in handles), [h._rec.tier for h in handles]
+    want = vmapped_loop(make(), 4, 96)
+    for h, w in zip(handles, want):
+        assert_trees_equal(h.result()[0], w)

@@ -51,6 +51,7 @@ from .fusion import Group
 from .groups import Groups
 from .lifecycle import Lifecycle
 from .multicall import MultiCalls
+from .multigroup import GroupCalls
 from .tiers import Tiers
 from .planner import Planner
 from .plan import Plan
@@ -88,7 +89,7 @@ def debug_ownership_default() -> bool:
     return os.environ.get("XSHARE_DEBUG_OWNERSHIP", "") not in ("", "0")
 
 
-class Dispatcher(Planner, Executor, MultiCalls, Groups, Admission, Lifecycle):
+class Dispatcher(Planner, Executor, MultiCalls, GroupCalls, Groups, Admission, Lifecycle):
     def __init__(self, *, policy: Any, arena: Any, device: Any, feeder: Any, recorder: Any,
                  timeline: Any, ring: int | None, t0: float, on_end: Callable[[JobRecord], None],
                  config: DispatchConfig, submit: Callable[[Callable[[], Any]], Future] | None = None,

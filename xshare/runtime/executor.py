@@ -42,7 +42,8 @@ class Executor:
                 self._took_turn(job, li, pos)
                 return
         if isinstance(job, Group):
-            self._dispatch_group(job, li, pos)
+            if job.tier is None or not self._group_tier(job, li, pos):
+                self._dispatch_group(job, li, pos)
             return
         tier = job.tier
         if tier is not None:
@@ -183,7 +184,7 @@ class Executor:
         self._dirty = True
         self._settle(job)
 
-    def _retire_group(self, group: Group, steps: dict, vec: Any, t: int, t_end: int | None) -> None:
+    def _retire_group(self, group: Group, steps: dict, vec: Any, t: int, t_end: int | None, k: int = 1) -> None:
         group.in_flight -= 1
         try:
             values = np.asarray(vec)
@@ -194,14 +195,19 @@ class Executor:
                 self._settle(job)
             return
         t_end = t_end or time.monotonic_ns()
-        finite = np.isfinite(values).all(axis=1)  # once for the group, not once per member
-        for slot, (job, step) in steps.items():
+        rows = values if k > 1 else values[None]  # (k, capacity, metrics)
+        finite = np.isfinite(rows).all(axis=2)  # once for the group, not once per member
+        for i in range(k):
+            t_i = t + (t_end - t) * (i + 1) // k if k > 1 else t_end
+            for slot, (job, step) in steps.items():
+                if job.error is None or i == 0:
+                    self._retired(job, step + i, rows[i][slot], t_i, finite=bool(finite[i][slot]))
+            if self.ring is None:
+                self.timeline.host_step(group, t + (t_end - t) * i // k, t_i)
+        for job, _ in steps.values():
             job.in_flight -= 1
-            self._retired(job, step, values[slot], t_end, finite=bool(finite[slot]))
             if job.in_flight == 0:
                 self._settle(job)
-        if self.ring is None:
-            self.timeline.host_step(group, t, t_end)
 
     def _group_depth(self, group: Group) -> int:
         """Steps in flight behind a group's (``fusion.pipeline_depth``: what its footprint charges)."""
@@ -226,7 +232,9 @@ class Executor:
     def _retire(self, t_end: int | None = None) -> None:
         job, step, vec, t, k = self._inflight.popleft()
         if isinstance(job, Group):
-            self._retire_group(job, step, vec, t, t_end)
+            self._retire_group(job, step, vec, t, t_end, k)
+            if self.tiers.enabled and (job.tier is None or not job.tier.considered):
+                self._consider_group(job)
             return
         job.in_flight -= 1
         try:

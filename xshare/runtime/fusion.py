@@ -80,15 +80,7 @@ def fused_program(program: CompiledStep, capacity: int, device: Any, *, fenced: 
         hit = _cache.get(key)
         if hit is not None:
             return hit
-        flat = program.flat
-
-        def body(states, batch_and_mask):
-            batches, mask = batch_and_mask
-            new, metrics = jax.vmap(flat)(states, batches)
-            kept = [jnp.where(mask.reshape(mask.shape + (1,) * (n.ndim - 1)), n, o)
-                    for n, o in zip(new, states)]
-            return kept, metrics
-
+        body = group_body(program.flat)
         sharding = jax.sharding.SingleDeviceSharding(device)
         stack = lambda s: jax.ShapeDtypeStruct((capacity, *s.shape), s.dtype, sharding=sharding)  # noqa: E731
         states = [stack(s) for s in jax.tree.leaves(program.state_struct)]
@@ -129,6 +121,18 @@ def fused_program(program: CompiledStep, capacity: int, device: Any, *, fenced: 
         out = FusedProgram(compiled, capacity, fp, _flops(compiled), moves, seconds)
         _cache[key] = out
         return out
+
+
+def group_body(flat: Any) -> Any:
+    """One group step over stacked states: ``vmap`` of the flat step, masked slots kept."""
+    def body(states, batch_and_mask):
+        batches, mask = batch_and_mask
+        new, metrics = jax.vmap(flat)(states, batches)
+        kept = [jnp.where(mask.reshape(mask.shape + (1,) * (n.ndim - 1)), n, o)
+                for n, o in zip(new, states)]
+        return kept, metrics
+
+    return body
 
 
 def _compile_into(future: Future, compile_fn: Any) -> None:
@@ -225,6 +229,7 @@ class Group:
         self.zero_batch = zeros         # what an idle slot is fed (its result is masked away)
         self._batch_bytes = sum(z.nbytes for z in zeros)
         self.now: list | None = None    # the members of the step being dispatched (dispatcher)
+        self.tier: Any = None           # its K-step program, if promoted (tiers.JobTier)
 
     # What the policy sees of a group (sched/ docs: a group is one runnable unit).
     @property

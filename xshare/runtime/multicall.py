@@ -21,6 +21,7 @@ from . import multistep
 from .causes import dispatch_error
 from .multistep import MultiStep, Verdict, first_difference
 from .records import JobRecord
+from .tiers import Candidate
 from .source import END, DataError, produce
 
 # Fences of the check's K-step calls carry this job id, which no job has, so the timeline does
@@ -45,7 +46,7 @@ class MultiCalls:
             report = 1 if every is None else ksteps.until(step, every) if every else None
         cap = None
         if self.preemptive:
-            step_s = job.step_time_s if job.step_time_s is not None else job.tier.step_s
+            step_s = job.step_time_s if job.step_time_s is not None or job.tier is None else job.tier.step_s
             # A job keeps the device at least ``quantum`` steps (Runtime's argument) anyway.
             cap = max(ksteps.preemptive_cap(step_s, ksteps.QUANTUM_S / (1 + self.ahead)), self.quantum)
         return ksteps.Bounds(
@@ -107,7 +108,7 @@ class MultiCalls:
 
     # ------------------------------------------------------------------ promotion
     def _consider(self, job: JobRecord) -> None:
-        """Weigh compiling the job's K-step program (after its warm-up steps)."""
+        """Weigh compiling the job's K-step program (tiers.py)."""
         left: int | None = 0
         for unit in self._running.values():
             if getattr(unit, "program", None) is job.program and unit.group is None:
@@ -115,8 +116,12 @@ class MultiCalls:
                     left = None
                     break
                 left += unit.steps_left
-        gap = job.host_gap_s if job.host_gap_s is not None else self.timeline.host_gap_s
-        self.tiers.consider(job, left, gap, period=self._period(job))
+        program, device = job.program, self.device
+        self.tiers.consider(self.tiers.tier(job), Candidate(
+            key=program.key, compile=lambda form: multistep.compile_multi(program, form, device),
+            steps_done=job.steps_done, step_s=job.step_time_s, steps_left=left,
+            gap_s=job.host_gap_s if job.host_gap_s is not None else self.timeline.host_gap_s,
+            period=self._period(job)))
 
     def _period(self, job: JobRecord) -> int | None:
         """The fewest steps between two of the job's boundaries (its K-step program's K is at
@@ -139,7 +144,7 @@ class MultiCalls:
         known = multistep.VERDICTS.get(job.program.key, multi.form)
         if known is not None:
             keep = known.exact if self.tiers.forced else known.kept
-            self.tiers.settle(job, multi, None, self._make_room(job, multi) if keep else False)
+            self.tiers.settle(job.tier, job.program.key, multi, None, self._make_room(job, multi) if keep else False)
             return False
         k = multi.k
         if ksteps.steps_per_call(self._bounds(job), (1, k)) < k or self._ready_batches(job, k) < k:
@@ -150,7 +155,7 @@ class MultiCalls:
             return True
         verdict = self._check(job, li, pos, multi)
         keep = verdict.exact if self.tiers.forced else verdict.kept
-        self.tiers.settle(job, multi, verdict, self._make_room(job, multi) if keep else False)
+        self.tiers.settle(job.tier, job.program.key, multi, verdict, self._make_room(job, multi) if keep else False)
         self.recorder.line(job, f"programs: {job.tier.note}")
         return True
 
@@ -165,10 +170,7 @@ class MultiCalls:
         stacked = multistep.stack(batches)  # before the single steps consume (donate) them
         state_bytes = sum(x.nbytes for x in job.arrays)
         copies = [[x.copy() for x in job.arrays] for _ in range(2 if state_bytes <= _TIMED_COPY_BYTES else 1)]
-        scratch = None
-        if job.ident is not None:
-            from .. import ffi
-            scratch = jax.device_put(ffi.ident(self.ring, _SCRATCH_JOB, job.lane or 0), self.device)
+        scratch = self._scratch_ident(job)
         arrays, rows = job.arrays, []
         t = time.monotonic_ns()
         t0 = time.perf_counter()
@@ -187,6 +189,13 @@ class MultiCalls:
         verdict = self._compare(multi, copies, stacked, scratch, arrays, values)
         self._after_steps(job, step, k)
         return dataclasses.replace(verdict, single_step_s=single_s)
+
+    def _scratch_ident(self, unit: Any) -> Any:
+        """The fences' identity for the check's K-step calls (None without fences)."""
+        if unit.ident is None:
+            return None
+        from .. import ffi
+        return jax.device_put(ffi.ident(self.ring, _SCRATCH_JOB, unit.lane or 0), self.device)
 
     def _compare(self, multi: MultiStep, copies: list, stacked: list, scratch: Any, arrays: list,
                  values: np.ndarray) -> Verdict:

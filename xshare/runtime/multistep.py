@@ -98,6 +98,51 @@ def _compile(program: CompiledStep, form: Form, device: Any) -> MultiStep:
     return MultiStep(form=form, executable=compiled, footprint=fp, compile_s=compile_s)
 
 
+def compile_group_multi(program: CompiledStep, capacity: int, form: Form, device: Any) -> MultiStep:
+    """The K-step program of ``program``'s fused group at ``capacity`` slots: K group steps (the
+    same masked vmap, the same mask for all K) in one call, compiled once per process."""
+    key = f"fused multistep {program.key} c={capacity} k={form.k} unroll={form.unroll}"
+    return PROGRAMS.shared(key, lambda: _compile_group(program, capacity, form, device))
+
+
+def _compile_group(program: CompiledStep, capacity: int, form: Form, device: Any) -> MultiStep:
+    from .fusion import group_body
+
+    sharding = jax.sharding.SingleDeviceSharding(device)
+    body = group_body(program.flat)
+    states = [jax.ShapeDtypeStruct((capacity,) + tuple(x.shape), x.dtype, sharding=sharding)
+              for x in program.state_struct]
+    batches = [jax.ShapeDtypeStruct((form.k, capacity) + tuple(x.shape), x.dtype, sharding=sharding)
+               for x in program.batch_struct]
+    mask = jax.ShapeDtypeStruct((capacity,), np.bool_, sharding=sharding)
+    unroll = form.k if form.unroll else 1
+    args: list[Any] = [states, (batches, mask)]
+    if program.fenced:
+        ffi.ensure_loaded()
+        step = ffi.fenced(body, donated=True)
+        args.append(jax.ShapeDtypeStruct((3,), np.int32, sharding=sharding))
+
+        def multi(states, batches_and_mask, ident):
+            stacked, m = batches_and_mask
+            return jax.lax.scan(lambda s, b: step(s, (b, m), ident), states, stacked, unroll=unroll)
+    else:
+        def multi(states, batches_and_mask):
+            stacked, m = batches_and_mask
+            return jax.lax.scan(lambda s, b: body(s, (b, m)), states, stacked, unroll=unroll)
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+        lowered = jax.jit(multi, donate_argnums=DONATE).lower(*args)
+        t0 = time.perf_counter()
+        compiled = lowered.compile()
+        compile_s = time.perf_counter() - t0
+    fp = footprint_from_analysis(compiled.memory_analysis(),
+                                 state_bytes=capacity * tree_nbytes(program.state_struct),
+                                 batch_bytes=tree_nbytes(batches) + capacity, prefetch=0,
+                                 job=f"fused group {program.key[:12]} {form.describe()}")
+    return MultiStep(form=form, executable=compiled, footprint=fp, compile_s=compile_s)
+
+
 @dataclass(frozen=True)
 class Verdict:
     """What the check found for a program in one form: bit-identical to K single steps or not,

@@ -34,6 +34,19 @@ WARM_STEPS = 8
 _ROLLED_FACTOR, _UNROLLED_FACTOR = 1.5, 4.0
 
 
+@dataclass(frozen=True)
+class Candidate:
+    """What the tiers weigh of a job or a fused group (plain data, made by the dispatcher)."""
+
+    key: str                          # verdicts are per key: the program's (a group's: + capacity)
+    compile: Callable[[Form], Any]    # compiles its K-step program in a form (on the tier thread)
+    steps_done: int
+    step_s: float | None              # measured seconds per step (device time)
+    steps_left: int | None            # over every live unit of the program (None: open-ended)
+    gap_s: float | None               # measured host gap per step
+    period: int | None                # fewest steps between two of its boundaries
+
+
 @dataclass(eq=False)
 class JobTier:
     """One job's place among its programs (written on the dispatcher thread only)."""
@@ -45,6 +58,7 @@ class JobTier:
     considered: bool = False             # weighed once (again when a form fails)
     note: str = ""                       # why it is where it is (explain, status)
     step_s: float | None = None          # measured by the check: seconds per step at K
+    capacity: int | None = None          # a fused group's: the capacity its programs are for
     steps_at: dict[int, int] = field(default_factory=dict)  # steps run per K (RESULTS: tiers)
 
     def available(self) -> tuple[int, ...]:
@@ -65,60 +79,54 @@ class Tiers:
         self.enabled = max_k > 1 and submit is not None
         self._compile_estimate = compile_estimate   # mean seconds of this process's compiles
 
-    def tier(self, job: Any) -> JobTier:
-        tier = job.tier
+    def tier(self, unit: Any) -> JobTier:
+        tier = unit.tier
         if tier is None:
-            tier = job.tier = JobTier()
+            tier = unit.tier = JobTier()
         return tier
 
-    def consider(self, job: Any, steps_left_of_program: int | None, host_gap_s: float | None, *,
-                 period: int | None = None) -> None:
-        """After the job's warm-up steps: start compiling its next form if the steps its
-        program has left (over every live job that runs it) repay the compile. A form already
-        checked (by any job, any runtime of the process) is adopted without weighing again.
-        ``period``: the fewest steps between two of the job's boundaries (K is at most that)."""
-        tier = self.tier(job)
+    def consider(self, tier: JobTier, c: "Candidate") -> None:
+        """Start compiling the unit's next form if the steps its program has left (over every
+        live unit that runs it) repay the compile. A form already checked (by any unit, any
+        runtime of the process, or an earlier process: ``Verdicts``) is adopted without
+        weighing again; one that failed is skipped."""
         if not self.enabled or tier.considered or tier.pending is not None or tier.multi is not None:
             return
         tier.considered = True
-        program = job.program
-        form = next((f for f in self.forms(period) if f not in tier.tried), None)
-        if form is None or program is None:
-            if not tier.note:
-                tier.note = (f"one step per call: its boundaries (evaluation, checkpoint, reports) "
-                             f"come every {period} step(s)" if period is not None and period < 2
-                             else "one step per call")
-            return
-        known = multistep.VERDICTS.get(program.key, form)
-        if known is None and job.steps_done < WARM_STEPS:
+        while True:
+            form = next((f for f in self.forms(c.period) if f not in tier.tried), None)
+            if form is None:
+                if not tier.note:
+                    tier.note = (f"one step per call: its boundaries (evaluation, checkpoint, reports) "
+                                 f"come every {c.period} step(s)" if c.period is not None and c.period < 2
+                                 else "one step per call")
+                return
+            known = multistep.VERDICTS.get(c.key, form)
+            usable = known is None or (known.exact if self.forced else known.kept)
+            if usable:
+                break
+            tier.tried.append(form)  # checked before and not kept: the next form
+            tier.note = known.describe()
+        if known is None and c.steps_done < WARM_STEPS:
             tier.considered = False  # weighed once its step time is measured
+            tier.tried = [f for f in tier.tried if f != form]
             return
-        if self.forced and (known is None or known.exact):
-            self._start(tier, program, form)
+        if self.forced or known is not None:
+            self._start(tier, c, form)
             return
-        if known is not None:
-            if known.kept:
-                self._start(tier, program, form)
-            else:
-                tier.tried.append(form)
-                tier.note = known.describe()
-                tier.considered = False  # weigh the next form
-                self.consider(job, steps_left_of_program, host_gap_s)
-            return
-        step_s = job.step_time_s
-        if step_s is None:
+        if c.step_s is None:
             tier.considered = False
             return
         # What a K-step call removes is the host's share of each step: the gap the device
         # waits between steps (measured by the fences, or the host timing without them).
-        gap = host_gap_s or 0.0
-        now, after = step_s + gap, step_s + gap / form.k
+        gap = c.gap_s or 0.0
+        now, after = c.step_s + gap, c.step_s + gap / form.k
         estimate = (self._compile_estimate() or 0.5) * (_UNROLLED_FACTOR if form.unroll else _ROLLED_FACTOR)
-        if promotion_pays(steps_left_of_program, now, after, estimate):
-            self._start(tier, program, form)
+        if promotion_pays(c.steps_left, now, after, estimate):
+            self._start(tier, c, form)
         else:
             tier.note = (f"one step per call: {form.describe()} would save ~{(now - after) * 1e6:.0f} us/step "
-                         f"over {steps_left_of_program} steps left, less than its compile (~{estimate:.2f} s)")
+                         f"over {c.steps_left} steps left, less than its compile (~{estimate:.2f} s)")
 
     def forms(self, period: int | None) -> list[Form]:
         """The forms to try, K no larger than ``period`` or this runtime's cap (powers of two)."""
@@ -130,11 +138,11 @@ class Tiers:
                 out.append(Form(k, form.unroll))
         return out
 
-    def _start(self, tier: JobTier, program: Any, form: Form) -> None:
+    def _start(self, tier: JobTier, c: "Candidate", form: Form) -> None:
         tier.form = form
         tier.tried.append(form)
-        device = self.device
-        tier.pending = self._submit(lambda: multistep.compile_multi(program, form, device))
+        build = c.compile
+        tier.pending = self._submit(lambda: build(form))
 
     def ready(self, job: Any) -> bool:
         """Whether a pending K-step program finished compiling (the dispatcher then checks it
@@ -153,12 +161,11 @@ class Tiers:
             log.info("job %r: %s", job.name, tier.note)
             return None
 
-    def settle(self, job: Any, multi: MultiStep, verdict: Verdict | None, fits: bool) -> bool:
+    def settle(self, tier: JobTier, key: str, multi: MultiStep, verdict: Verdict | None, fits: bool) -> bool:
         """Record what the check found (``verdict`` None: a verdict already known to pass);
-        True if the job now runs ``multi``."""
-        tier = job.tier
+        True if the unit now runs ``multi``."""
         if verdict is not None:
-            multistep.VERDICTS.put(job.program.key, verdict)
+            multistep.VERDICTS.put(key, verdict)
         if verdict is not None and not (verdict.exact if self.forced else verdict.kept):
             tier.note = verdict.describe()
             tier.considered = False  # the next form, if any, is weighed at its next turn
@@ -167,7 +174,7 @@ class Tiers:
             tier.note = f"{multi.form.describe()} not kept: its batches do not fit the arena"
             return False
         tier.multi = multi
-        verdict = verdict or multistep.VERDICTS.get(job.program.key, multi.form)
+        verdict = verdict or multistep.VERDICTS.get(key, multi.form)
         tier.note, tier.step_s = verdict.describe(), verdict.multi_step_s or None
         return True
 
