@@ -319,6 +319,20 @@ def collect(*, recheck: bool = False, preallocate: bool = False) -> dict:
     """
     report: dict[str, Any] = {"schema": SCHEMA}
     checks: list[Check] = []
+    saved = os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE")
+    try:
+        _collect(report, checks, recheck, preallocate)
+    finally:  # the backend read it when it started; the caller's environment is left as it was
+        if saved is None:
+            os.environ.pop("XLA_PYTHON_CLIENT_PREALLOCATE", None)
+        else:
+            os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = saved
+    report["checks"] = [asdict(c) for c in checks]
+    report["ok"] = not any(c.status == FAIL for c in checks)
+    return report
+
+
+def _collect(report: dict, checks: list[Check], recheck: bool, preallocate: bool) -> None:
     for name, fn in SECTIONS:
         if name == "devices" and not preallocate and not _jax_started():
             os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
@@ -330,6 +344,3 @@ def collect(*, recheck: bool = False, preallocate: bool = False) -> dict:
                       "report this with `xshare doctor --json`")]
         report[name] = data
         checks.extend(found)
-    report["checks"] = [asdict(c) for c in checks]
-    report["ok"] = not any(c.status == FAIL for c in checks)
-    return report
