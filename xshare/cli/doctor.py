@@ -44,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     from .doctor_checks import collect
 
+
     # The self-test starts runtimes as users do (preallocation and all); the plain doctor
     # starts jax without taking the GPU's memory.
     report = collect(recheck=args.recheck, preallocate=args.selftest)

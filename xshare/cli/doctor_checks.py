@@ -313,9 +313,9 @@ SECTIONS: list[tuple[str, Callable[..., tuple[dict, list[Check]]]]] = [
 def collect(*, recheck: bool = False, preallocate: bool = False) -> dict:
     """The whole report: ``{"schema", "ok", <section>: data..., "checks": [...]}``.
 
-    ``preallocate=False``: if jax has not started, it starts without preallocating (the
-    settings a Runtime would use are reported first, as they are): the doctor must not take
-    most of a GPU that a running runtime may be using.
+    The settings a Runtime would use are reported first, as they are. Then jax starts:
+    ``preallocate=False``, without preallocating (the doctor must not take most of a GPU that
+    a running runtime may be using); ``True`` (the self-test), set up as a Runtime does.
     """
     report: dict[str, Any] = {"schema": SCHEMA}
     checks: list[Check] = []
@@ -323,10 +323,11 @@ def collect(*, recheck: bool = False, preallocate: bool = False) -> dict:
     try:
         _collect(report, checks, recheck, preallocate)
     finally:  # the backend read it when it started; the caller's environment is left as it was
-        if saved is None:
-            os.environ.pop("XLA_PYTHON_CLIENT_PREALLOCATE", None)
-        else:
-            os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = saved
+        if not preallocate:
+            if saved is None:
+                os.environ.pop("XLA_PYTHON_CLIENT_PREALLOCATE", None)
+            else:
+                os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = saved
     report["checks"] = [asdict(c) for c in checks]
     report["ok"] = not any(c.status == FAIL for c in checks)
     return report
@@ -334,7 +335,11 @@ def collect(*, recheck: bool = False, preallocate: bool = False) -> dict:
 
 def _collect(report: dict, checks: list[Check], recheck: bool, preallocate: bool) -> None:
     for name, fn in SECTIONS:
-        if name == "devices" and not preallocate and not _jax_started():
+        if name == "devices" and preallocate:
+            from ..memory.device import configure_preallocation
+
+            configure_preallocation()  # as a Runtime does, before jax starts
+        elif name == "devices" and not _jax_started():
             os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
         try:
             data, found = fn(recheck=recheck) if name == "canary" else fn()
