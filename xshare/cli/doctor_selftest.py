@@ -312,6 +312,7 @@ def run_selftest(quick: bool = False) -> dict:
     import jax
 
     start = time.perf_counter()
+    load = os.getloadavg()[0]  # on a shared machine the figures are noisier: say so in the report
     results = []
     for fn in CHECKS:
         t0 = time.perf_counter()
@@ -325,7 +326,8 @@ def run_selftest(quick: bool = False) -> dict:
     d = jax.devices()[0]
     return {"quick": quick, "device": f"{d.platform}:{d.id} {d.device_kind}",
             "seconds": round(time.perf_counter() - start, 1), "ok": not any(r.status == FAIL for r in results),
-            "checks": [asdict(r) for r in results], "cpu_count": os.cpu_count()}
+            "checks": [asdict(r) for r in results], "cpu_count": os.cpu_count(),
+            "load_avg_1m": round(load, 2)}
 
 
 def to_markdown(report: dict) -> str:
@@ -335,6 +337,9 @@ def to_markdown(report: dict) -> str:
     lines = [f"# xshare doctor --selftest{' --quick' if st.get('quick') else ''}", "",
              f"- device: {st.get('device')} ({st.get('cpu_count')} CPU cores); backend "
              f"{report.get('devices', {}).get('default_backend')}",
+             f"- load: 1-min load average {st.get('load_avg_1m')} at the start on {st.get('cpu_count')} cores"
+             + (" (a shared, busy machine: timings are noisy)"
+                if (st.get("load_avg_1m") or 0) > (st.get("cpu_count") or 1) else ""),
              f"- versions: xshare {pk.get('xshare')}, jax {pk.get('jax')}, jaxlib {pk.get('jaxlib')}, "
              f"flax {pk.get('flax')}, optax {pk.get('optax')}, Python {report.get('python', {}).get('version')}",
              f"- NVML driver: {report.get('nvml', {}).get('driver') or 'N/A'}; fences: "
