@@ -117,3 +117,20 @@ def test_help_imports_no_jax():
     proc, modules = imported(["-m", "xshare", "doctor", "--help"])
     assert proc.returncode == 0 and "--selftest" in proc.stdout
     assert heavy(modules) == []
+
+
+def test_a_backend_that_cannot_start_is_one_failed_row_and_the_report_keeps_its_shape():
+    # No CUDA plugin on this machine: asking for it is what a broken GPU install looks like.
+    env = {**os.environ, "JAX_PLATFORMS": "cuda", "PYTHONPATH": str(REPO)}
+    proc = subprocess.run([sys.executable, "-m", "xshare", "doctor", "--json"], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    failed = [c for c in report["checks"] if c["status"] == "fail"]
+    assert [c["name"] for c in failed] == ["backend"]
+    assert "jax could not start a backend" in failed[0]["summary"] and "JAX_PLATFORMS=cuda" in failed[0]["summary"]
+    assert "JAX_PLATFORMS" in failed[0]["fix"]
+    for section in ("devices", "ffi", "canary", "memory_analysis"):
+        assert set(report[section]) == SECTIONS[section] | {"error"}, section
+        assert report[section]["error"].startswith("not checked: jax could not start a backend")
+    assert set(report["nvml"]) == SECTIONS["nvml"] and set(report["cache"]) == SECTIONS["cache"]

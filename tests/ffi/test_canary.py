@@ -166,3 +166,12 @@ def test_a_failing_child_is_a_failed_verdict(fresh, monkeypatch, fault, timeout,
     v = canary.check(jax.devices()[0])
     assert not v.ok and reason in v.reason, v.reason
     assert v.seconds is not None and v.checked_at
+
+
+def test_a_device_clock_gets_its_stated_slack_and_no_more():
+    # A CUDA fence time is a host time through an anchor event (a few us off at most).
+    records = rows((BEGIN, 10_000), (END, 20_000))
+    walls = [(50_000, 60_000)]  # the records lie 40 us before the step's call
+    assert canary.check_records(records, walls, job=7) != []
+    assert canary.check_records(records, walls, job=7, slack_ns=canary.CLOCK_SLACK_NS["gpu"]) == []
+    assert canary.CLOCK_SLACK_NS["cpu"] == 0

@@ -205,7 +205,10 @@ def nvml_section() -> tuple[dict, list[Check]]:
     import jax
 
     data: dict[str, Any] = {"available": False, "driver": None, "cuda_driver": None, "gpus": [], "reason": None}
-    gpu_backend = any(d.platform in ("gpu", "cuda") for d in jax.devices())
+    try:
+        gpu_backend = any(d.platform in ("gpu", "cuda") for d in jax.devices())
+    except Exception:  # noqa: BLE001 - no backend: NVML is still worth asking
+        gpu_backend = False
     try:
         import pynvml
 
@@ -333,19 +336,60 @@ def collect(*, recheck: bool = False, preallocate: bool = False) -> dict:
     return report
 
 
-def _collect(report: dict, checks: list[Check], recheck: bool, preallocate: bool) -> None:
-    for name, fn in SECTIONS:
-        if name == "devices" and preallocate:
-            from ..memory.device import configure_preallocation
+# The sections that need a started backend, with their fields: without a backend each is
+# reported with every field null (and why), so a report always has the same shape.
+NEEDS_BACKEND = {
+    "devices": ("default_backend", "count", "devices", "arena_bytes", "arena_source"),
+    "ffi": ("available", "enabled", "library", "built_for_jaxlib", "running_jaxlib", "ffi_api",
+            "cuda_library", "platforms", "handlers", "error"),
+    "canary": ("mode", "key", "ok", "reason", "cached", "path", "seconds", "checked_at"),
+    "memory_analysis": ("temp_bytes", "argument_bytes", "output_bytes", "alias_bytes",
+                        "bound_bytes", "plausible", "note"),
+}
 
-            configure_preallocation()  # as a Runtime does, before jax starts
-        elif name == "devices" and not _jax_started():
-            os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+
+def _collect(report: dict, checks: list[Check], recheck: bool, preallocate: bool) -> None:
+    no_backend = None  # why jax could not start a backend, once it has been tried
+    for name, fn in SECTIONS:
+        if name == "devices":
+            if preallocate:
+                from ..memory.device import configure_preallocation
+
+                configure_preallocation()  # as a Runtime does, before jax starts
+            elif not _jax_started():
+                os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+            no_backend = _start_backend()
+            if no_backend is not None:
+                checks.append(Check("devices", "backend", FAIL, f"jax could not start a backend: {no_backend}",
+                                    "check JAX_PLATFORMS and that jax's plugin for this accelerator is "
+                                    "installed (e.g. pip install 'jax[cuda12]'); `python -c 'import jax; "
+                                    "jax.devices()'` shows the full error"))
+        if no_backend is not None and name in NEEDS_BACKEND:
+            report[name] = {**dict.fromkeys(NEEDS_BACKEND[name]),
+                            "error": f"not checked: jax could not start a backend ({no_backend})"}
+            checks.append(Check(name, name, NA, "not checked: jax could not start a backend"))
+            continue
         try:
             data, found = fn(recheck=recheck) if name == "canary" else fn()
         except Exception as e:  # noqa: BLE001 - one broken section must not hide the others
-            data, found = {"error": f"{type(e).__name__}: {e}"}, [
-                Check(name, name, FAIL, f"could not check: {type(e).__name__}: {e}",
+            data, found = {"error": _describe(e)}, [
+                Check(name, name, FAIL, f"could not check: {_describe(e)}",
                       "report this with `xshare doctor --json`")]
         report[name] = data
         checks.extend(found)
+
+
+def _start_backend() -> str | None:
+    try:
+        import jax
+
+        jax.devices()
+    except Exception as e:  # noqa: BLE001 - reported as the devices row
+        return _describe(e) + (f" (JAX_PLATFORMS={os.environ['JAX_PLATFORMS']})"
+                               if os.environ.get("JAX_PLATFORMS") else "")
+    return None
+
+
+def _describe(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:300]}" if text else f"{type(e).__name__} (no message)"

@@ -98,12 +98,13 @@ def check_fences(quick: bool) -> Result:
     if not fenced:
         return Result("fences", FAIL, "the runtime ran without fences although the canary passed")
     rows = sorted((r for r in timeline if r.job == handles[0].id), key=lambda r: r.step)
+    slack = canary.CLOCK_SLACK_NS.get(jax.default_backend(), 100_000)
     problems = []
     if [r.step for r in rows] != list(range(steps)):
         problems.append(f"steps recorded {[r.step for r in rows]}, expected 0..{steps - 1} once each")
-    if any(not start <= r.t_begin_ns <= r.t_end_ns <= end for r in rows):
+    if any(not start - slack <= r.t_begin_ns <= r.t_end_ns <= end + slack for r in rows):
         problems.append("a step's device times lie outside the run's wall time")
-    if any(b.t_begin_ns < a.t_end_ns for a, b in zip(rows, rows[1:])):
+    if any(b.t_begin_ns < a.t_end_ns - slack for a, b in zip(rows, rows[1:])):
         problems.append("a step began before the previous one ended")
     device_s = sum(r.t_end_ns - r.t_begin_ns for r in rows) / 1e9
     figures = {"steps": len(rows), "device_time_s": round(device_s, 6), "wall_s": round((end - start) / 1e9, 3)}
@@ -150,7 +151,10 @@ def check_memory(quick: bool) -> Result:
             # peak set by an earlier model hides this one's: then it is not measured.
             if after["peak_bytes_in_use"] > before["peak_bytes_in_use"]:
                 measured = after["peak_bytes_in_use"] - before["bytes_in_use"]
-        over = above_measured(fp.ephemeral, measured)
+        # The allocator rounds each buffer up (BFC: 256 B chunks, whole regions): only a
+        # measured peak beyond 5% + 1 MiB of the prediction is reported as above it.
+        over = (above_measured(fp.ephemeral, measured)
+                if measured is not None and measured > fp.ephemeral * 1.05 + (1 << 20) else None)
         status = WARN if (fp.note or over) else OK
         worst = WARN if status == WARN else worst
         notes += [n for n in (fp.note, over and over[1]) if n]

@@ -4,7 +4,7 @@ Before a runtime first compiles the XLA FFI fences into its jobs, ``gate(device)
 they have passed on this machine: ``python -m xshare.ffi.canary --platform P`` runs a few
 fenced steps of a small program on the device and checks what the fences recorded (one begin
 and one end per step, timestamps monotone, each inside its step's wall time, results equal to
-the unfenced step's). The verdict is cached per machine key (the fences' source hash, jaxlib,
+the unfenced step's). The verdict is cached per machine key (the check's version, the fences' source hash, jaxlib,
 platform, device kind, driver) in ``$XDG_CACHE_HOME/xshare/canary/`` (``~/.cache``), so the
 cost (one Python start, one jax start, one small compile: a few seconds) is paid once per
 machine and per upgrade, not per runtime.
@@ -52,6 +52,7 @@ FAULTS = ("abort", "exit", "hang", "records")
 DEFAULT_TIMEOUT_S = 120.0
 STEPS = 4
 SCHEMA = "xshare.canary/v1"
+CHECK_VERSION = 1  # bump when what the child checks changes: cached verdicts then lapse
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,7 @@ def driver_version(platform: str) -> str:
 def machine_key(platform: str, device_kind: str, driver: str | None = None) -> dict:
     """What a verdict holds for: new fence sources, a new jaxlib, another device or driver
     each need a new check."""
-    return {"fences": _build.source_hash(), "jaxlib": _build.jaxlib_version(),
+    return {"check": CHECK_VERSION, "fences": _build.source_hash(), "jaxlib": _build.jaxlib_version(),
             "platform": platform, "device_kind": device_kind,
             "driver": driver_version(platform) if driver is None else driver}
 
@@ -266,13 +267,20 @@ def gate(device: Any) -> tuple[bool, Verdict | None]:
 # ---------------------------------------------------------------------------- the child
 
 
-def check_records(records: Any, walls: Sequence[tuple[int, int]], job: int) -> list[str]:
+# CUDA fence times are host times through an anchor event (fences_cuda.cc), known to within
+# a few microseconds; CPU fences read the host's clock itself.
+CLOCK_SLACK_NS = {"cpu": 0, "gpu": 100_000, "cuda": 100_000}
+
+
+def check_records(records: Any, walls: Sequence[tuple[int, int]], job: int,
+                  slack_ns: int = 0) -> list[str]:
     """What is wrong with the fence records of one job's ``len(walls)`` steps (empty: nothing).
 
     ``records``: RECORD_DTYPE rows drained from the ring; ``walls``: each step's host interval
     ``(t0, t1)`` on the fences' clock, ``t0`` before the call and ``t1`` after its results
     were ready. Expected: exactly one begin then one end per step, in sequence order, with
-    timestamps that never go back and lie within the step's interval.
+    timestamps that never go back and lie within the step's interval (widened by
+    ``slack_ns`` each side, for a device clock mapped onto the host's).
     """
     from ._loader import BEGIN, END
 
@@ -287,13 +295,13 @@ def check_records(records: Any, walls: Sequence[tuple[int, int]], job: int) -> l
                         f"[{', '.join(names.get(k, str(k)) for k in got)}]")
         return problems
     times = [r[1] for r in rows]
-    back = [i for i in range(1, len(times)) if times[i] < times[i - 1]]
+    back = [i for i in range(1, len(times)) if times[i] < times[i - 1] - slack_ns]
     if back:
         problems.append(f"timestamps go back at record {back[0]} "
                         f"({times[back[0] - 1]} ns then {times[back[0]]} ns)")
     for k, (t0, t1) in enumerate(walls):
         b, e = times[2 * k], times[2 * k + 1]
-        if not t0 <= b <= e <= t1:
+        if not (t0 - slack_ns <= b <= e <= t1 + slack_ns):
             problems.append(f"step {k}: begin {b - t0} ns / end {e - t0} ns after the call, "
                             f"outside its wall time of {t1 - t0} ns")
     return problems
@@ -367,7 +375,7 @@ def run_canary(platform: str, steps: int = STEPS) -> tuple[bool, str]:
             records = np.concatenate([records, more]) if len(more) else records
         if fault == "records":
             records = records[1:]
-        problems = check_records(records, walls, job)
+        problems = check_records(records, walls, job, CLOCK_SLACK_NS.get(platform, 100_000))
         if not same:
             problems.append("the fenced step's results differ from the unfenced step's")
     finally:
