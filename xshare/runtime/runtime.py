@@ -70,7 +70,9 @@ class Runtime(Preparation, Deployments, Controls):
         over 8 small MLPs: 0.74x -> 0.86x of a plain loop's steady rate), and behind a
         fusion group's step up to 32 (while their stacked batches stay under 64 MiB): a group
         step makes N members' batches, so its host hiccups are N times larger.
-      fences: compile FFI step fences into every job (default: on unless ``XSHARE_FFI=0``).
+      fences: compile FFI step fences into every job (default: on unless ``XSHARE_FFI=0``, and
+        only once they passed the fence canary on this machine: ``xshare.ffi.canary``, checked
+        in a child process and cached; a failed canary means no fences and one warning).
       device: the device to own (default: ``jax.devices()[0]``).
       status_port: serve ``/status`` and ``/metrics`` over HTTP on this port (0 picks a free one)
         for ``xshare top`` and Prometheus; None serves nothing. Binds ``status_host``
