@@ -117,8 +117,16 @@ def machine_key(platform: str, device_kind: str, driver: str | None = None) -> d
             "driver": driver_version(platform) if driver is None else driver}
 
 
+_keys: dict[tuple[str, str], dict] = {}
+
+
 def key_of(device: Any) -> dict:
-    return machine_key(device.platform, str(getattr(device, "device_kind", device.platform)))
+    """``machine_key`` of a jax device, computed once per process and device kind (hashing
+    the sources and asking NVML for the driver are not free, and every Runtime asks)."""
+    kind = (device.platform, str(getattr(device, "device_kind", device.platform)))
+    if kind not in _keys:
+        _keys[kind] = machine_key(*kind)
+    return dict(_keys[kind])
 
 
 def cache_dir() -> Path:
