@@ -175,3 +175,20 @@ def test_a_device_clock_gets_its_stated_slack_and_no_more():
     assert canary.check_records(records, walls, job=7) != []
     assert canary.check_records(records, walls, job=7, slack_ns=canary.CLOCK_SLACK_NS["gpu"]) == []
     assert canary.CLOCK_SLACK_NS["cpu"] == 0
+
+
+def test_processes_starting_at_once_run_one_child_per_machine(fresh, tmp_path):
+    # Three runtimes in three processes (a Ray actor per GPU does this): the lock beside the
+    # cache file lets one child run; the others read its verdict.
+    import os
+    import subprocess
+    import sys
+
+    code = ("import jax, logging; from xshare.ffi import canary; "
+            "v = canary.check(jax.devices()[0]); print(v.ok, v.cached)")
+    env = {**os.environ, "XDG_CACHE_HOME": str(fresh), "JAX_PLATFORMS": "cpu"}
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
+             for _ in range(3)]
+    outs = sorted(p.communicate(timeout=300)[0].split()[1] for p in procs)
+    assert all(p.returncode == 0 for p in procs)
+    assert outs == ["False", "True", "True"]  # one ran the child; two found its verdict

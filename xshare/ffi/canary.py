@@ -27,6 +27,8 @@ Importing this module imports no jax (``xshare doctor`` reads verdicts without s
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import logging
@@ -246,9 +248,31 @@ def check(device: Any, *, force: bool = False) -> Verdict:
             return hit
         found = None if recheck else read_cached(key)
         if found is None:
-            found = write_cached(run_child(device.platform, key))
+            with _machine_lock(cache_path(key)):
+                # Another process (a Ray actor per GPU, starting at once) may have checked
+                # while this one waited for the lock: one child per machine, not per process.
+                found = None if recheck else read_cached(key)
+                if found is None:
+                    found = write_cached(run_child(device.platform, key))
         _memo[name] = found
         return found
+
+
+@contextlib.contextmanager
+def _machine_lock(path: Path):
+    """An exclusive lock beside the cache file (flock: released if the holder dies); without
+    a writable cache directory, no lock (each process then checks for itself)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path.with_suffix(".lock"), os.O_CREAT | os.O_RDWR, 0o644)
+    except OSError:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
 
 
 def gate(device: Any) -> tuple[bool, Verdict | None]:
