@@ -177,6 +177,7 @@ def test_a_device_clock_gets_its_stated_slack_and_no_more():
     assert canary.CLOCK_SLACK_NS["cpu"] == 0
 
 
+@pytest.mark.slow
 def test_processes_starting_at_once_run_one_child_per_machine(fresh, tmp_path):
     # Three runtimes in three processes (a Ray actor per GPU does this): the lock beside the
     # cache file lets one child run; the others read its verdict.
