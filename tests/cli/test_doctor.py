@@ -134,3 +134,14 @@ def test_a_backend_that_cannot_start_is_one_failed_row_and_the_report_keeps_its_
         assert set(report[section]) == SECTIONS[section] | {"error"}, section
         assert report[section]["error"].startswith("not checked: jax could not start a backend")
     assert set(report["nvml"]) == SECTIONS["nvml"] and set(report["cache"]) == SECTIONS["cache"]
+
+
+def test_recheck_runs_the_child_again_over_a_cached_failure(capsys, monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(canary, "_memo", {})
+    key = canary.key_of(jax.devices()[0])
+    canary.write_cached(canary.Verdict(ok=False, reason="stale failure", key=key))
+    code, out = doctor(capsys, "--json", "--recheck")
+    report = json.loads(out)
+    assert code == 0 and report["canary"]["ok"] is True and report["canary"]["cached"] is False
+    assert canary.read_cached(key).ok  # the new verdict replaced the stale one

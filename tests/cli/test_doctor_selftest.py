@@ -14,7 +14,7 @@ from xshare.cli.main import main
 
 from ..test_imports import REPO
 
-NAMES = ["fences", "preallocation and arena", "memory_analysis vs peaks", "equivalence", "fused sweep",
+NAMES = ["memory_analysis vs peaks", "fences", "preallocation and arena", "equivalence", "fused sweep",
          "served model", "throughput"]
 
 
