@@ -1,8 +1,8 @@
 """What ``xshare doctor`` looks at: one function per section, each returning its data (every
 field present, ``None`` where this machine has no such thing) and its checks.
 
-The sections before ``devices`` import no jax (the versions are read from package metadata,
-the extras found with ``find_spec``, never imported). A section that raises becomes a failed
+The sections here import no jax (the versions are read from package metadata, the extras
+found with ``find_spec``, never imported); those that start it are in ``doctor_device``. A section that raises becomes a failed
 check with the exception's text: the doctor always finishes and always reports.
 """
 
@@ -111,133 +111,6 @@ def allocator_section() -> tuple[dict, list[Check]]:
     return {"settings": settings}, checks
 
 
-def devices_section() -> tuple[dict, list[Check]]:
-    import jax
-
-    from ..memory.device import arena_capacity
-
-    devices = []
-    for d in jax.devices():
-        try:
-            stats = d.memory_stats()
-        except Exception:  # noqa: BLE001 - some backends raise instead of returning None
-            stats = None
-        stats = stats or {}
-        devices.append({"id": d.id, "platform": d.platform, "kind": str(d.device_kind),
-                        "bytes_limit": stats.get("bytes_limit"),
-                        "bytes_in_use": stats.get("bytes_in_use"),
-                        "peak_bytes_in_use": stats.get("peak_bytes_in_use")})
-    first = jax.devices()[0]
-    capacity, source = arena_capacity(None, first)
-    data = {"default_backend": jax.default_backend(), "count": len(devices), "devices": devices,
-            "arena_bytes": capacity, "arena_source": source}
-    checks = [Check("devices", "backend", OK, f"{data['default_backend']}: {len(devices)} device(s), "
-                    f"{', '.join(sorted({d['kind'] for d in devices}))}")]
-    for d in devices:
-        if d["bytes_limit"] is None:
-            checks.append(Check("devices", f"memory {d['platform']}:{d['id']}", NA,
-                                f"{d['kind']}: no memory_stats() on this backend"))
-        else:
-            checks.append(Check("devices", f"memory {d['platform']}:{d['id']}", OK,
-                                f"{d['kind']}: limit {format_bytes(d['bytes_limit'])}, in use "
-                                f"{format_bytes(d['bytes_in_use'])}, peak {format_bytes(d['peak_bytes_in_use'])}"))
-    checks.append(Check("devices", "arena", OK, f"{format_bytes(capacity)} ({source})"))
-    return data, checks
-
-
-def ffi_section() -> tuple[dict, list[Check]]:
-    from .. import ffi
-    from ..ffi import _build, _loader
-
-    ok = ffi.ensure_loaded()
-    st = _loader.state
-    lib_path = str(st.lib_dir / _build.CPU_LIB) if st.lib_dir else None
-    api = None
-    if st.lib is not None:
-        n = st.lib.xshare_ffi_api_version()
-        api = f"{n // 1000}.{n % 1000}"
-    data = {"available": ok, "enabled": os.environ.get("XSHARE_FFI", "1") != "0",
-            "library": lib_path, "built_for_jaxlib": _build.built_for(Path(lib_path)) if lib_path else None,
-            "running_jaxlib": _build.jaxlib_version(), "ffi_api": api,
-            "cuda_library": str(st.lib_dir / _build.CUDA_LIB) if st.cuda_lib is not None else None,
-            "platforms": sorted(st.registered),
-            "handlers": [f"{t} ({p})" for p in sorted(st.registered) for t in _loader.TARGETS.values()],
-            "error": None if ok else ffi.unavailable_reason()}
-    if not data["enabled"]:
-        check = Check("ffi", "fences", WARN, "switched off with XSHARE_FFI=0 (steps are timed on the host)",
-                      "unset XSHARE_FFI for device timestamps")
-    elif ok:
-        check = Check("ffi", "fences", OK, f"{lib_path} (built for jaxlib {data['built_for_jaxlib']}, "
-                      f"FFI API {api}); registered for {', '.join(data['platforms'])}")
-    else:
-        check = Check("ffi", "fences", WARN, f"unavailable: {data['error']}",
-                      "install a C++17 compiler (apt-get install g++) and rerun; the runtime works "
-                      "without fences, timing steps on the host")
-    return data, [check]
-
-
-def canary_section(recheck: bool = False) -> tuple[dict, list[Check]]:
-    import jax
-
-    from .. import ffi
-    from ..ffi import canary
-
-    mode = canary.mode()
-    device = jax.devices()[0]
-    data: dict[str, Any] = {"mode": mode, "key": canary.key_of(device), "ok": None, "reason": None,
-                            "cached": None, "path": None, "seconds": None, "checked_at": None}
-    if not ffi.available():
-        return data, [Check("canary", "fence canary", NA, "no fences to check on this backend")]
-    if mode == "skip" and not recheck:
-        return data, [Check("canary", "fence canary", WARN, f"skipped ({canary.ENV}=skip): fences run unchecked",
-                            f"unset {canary.ENV} to check them once per machine")]
-    v = canary.check(device, force=recheck)
-    data.update({k: getattr(v, k) for k in ("ok", "reason", "cached", "path", "seconds", "checked_at")})
-    when = f"cached {v.checked_at}" if v.cached else f"ran now, {v.seconds:.1f} s"
-    if v.ok:
-        return data, [Check("canary", "fence canary", OK, f"{v.reason} ({when})")]
-    return data, [Check("canary", "fence canary", FAIL, f"{v.reason} ({when})",
-                        "runtimes here run without fences; report this with `xshare doctor --json`. "
-                        f"`xshare doctor --recheck` (or {canary.ENV}=recheck) checks again")]
-
-
-def nvml_section() -> tuple[dict, list[Check]]:
-    import jax
-
-    data: dict[str, Any] = {"available": False, "driver": None, "cuda_driver": None, "gpus": [], "reason": None}
-    try:
-        gpu_backend = any(d.platform in ("gpu", "cuda") for d in jax.devices())
-    except Exception:  # noqa: BLE001 - no backend: NVML is still worth asking
-        gpu_backend = False
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            drv = pynvml.nvmlSystemGetDriverVersion()
-            data["driver"] = drv.decode() if isinstance(drv, bytes) else str(drv)
-            data["cuda_driver"] = pynvml.nvmlSystemGetCudaDriverVersion()
-            for i in range(pynvml.nvmlDeviceGetCount()):
-                h = pynvml.nvmlDeviceGetHandleByIndex(i)
-                name = pynvml.nvmlDeviceGetName(h)
-                mem = pynvml.nvmlDeviceGetMemoryInfo(h)
-                data["gpus"].append({"index": i, "name": name.decode() if isinstance(name, bytes) else str(name),
-                                     "memory_total_bytes": int(mem.total), "memory_used_bytes": int(mem.used)})
-            data["available"] = True
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception as e:  # noqa: BLE001 - no NVML is normal on a CPU host
-        data["reason"] = f"{type(e).__name__}: {e}"
-    if data["available"]:
-        gpus = "; ".join(f"{g['index']}: {g['name']}, {format_bytes(g['memory_used_bytes'])} / "
-                         f"{format_bytes(g['memory_total_bytes'])} used" for g in data["gpus"])
-        return data, [Check("nvml", "nvml", OK, f"driver {data['driver']}; {gpus or 'no GPUs'}")]
-    if gpu_backend:
-        return data, [Check("nvml", "nvml", WARN, f"unavailable on a GPU backend ({data['reason']})",
-                            "pip install nvidia-ml-py; xshare top and /metrics show N/A for GPU figures")]
-    return data, [Check("nvml", "nvml", NA, f"no NVIDIA driver ({data['reason']})")]
-
-
 def cache_section() -> tuple[dict, list[Check]]:
     import jax
 
@@ -270,47 +143,14 @@ def _existing_parent(p: Path) -> Path:
     return p
 
 
-def analysis_section() -> tuple[dict, list[Check]]:
-    """memory_analysis() of a small donated step on the default device, and whether
-    admission can believe it (``xshare.memory.plausible``)."""
-    import jax
-    import jax.numpy as jnp
+def sections() -> list[tuple[str, Callable[..., tuple[dict, list[Check]]]]]:
+    """Every section, in the order of the report: those without jax first."""
+    from . import doctor_device as d
 
-    from ..memory.plausible import implausible_temp, temp_bound
-
-    def step(w, x):
-        h = jnp.tanh(x @ w)
-        return w - 0.01 * x.T @ (h * (1 - h * h)), jnp.mean(h)
-
-    w, x = jnp.ones((128, 128), jnp.float32), jnp.ones((64, 128), jnp.float32)
-    compiled = jax.jit(step, donate_argnums=0).lower(w, x).compile()
-    ma = compiled.memory_analysis()
-    if ma is None:
-        data = {"temp_bytes": None, "argument_bytes": None, "output_bytes": None, "alias_bytes": None,
-                "bound_bytes": None, "plausible": False, "note": "memory_analysis() returned None"}
-        return data, [Check("memory_analysis", "memory_analysis", FAIL, "returned None for a probe step",
-                            "jobs cannot be admitted from XLA's figures on this backend; report it")]
-    hlo = compiled.as_text()
-    fixed = implausible_temp(int(ma.temp_size_in_bytes), hlo)
-    data = {"temp_bytes": int(ma.temp_size_in_bytes), "argument_bytes": int(ma.argument_size_in_bytes),
-            "output_bytes": int(ma.output_size_in_bytes), "alias_bytes": int(ma.alias_size_in_bytes),
-            "bound_bytes": temp_bound(hlo).bytes, "plausible": fixed is None,
-            "note": fixed[1] if fixed else None}
-    if fixed is None:
-        return data, [Check("memory_analysis", "memory_analysis", OK,
-                            f"probe step: temp {format_bytes(data['temp_bytes'])} (bound "
-                            f"{format_bytes(data['bound_bytes'])}), arguments {format_bytes(data['argument_bytes'])}")]
-    return data, [Check("memory_analysis", "memory_analysis", WARN, fixed[1],
-                        "admission charges the safe bound (more memory per job than needed); "
-                        "run `xshare doctor --selftest` and attach its report to a bug")]
-
-
-SECTIONS: list[tuple[str, Callable[..., tuple[dict, list[Check]]]]] = [
-    ("python", python_section), ("packages", packages_section), ("extras", extras_section),
-    ("allocator", allocator_section), ("devices", devices_section), ("ffi", ffi_section),
-    ("canary", canary_section), ("nvml", nvml_section), ("cache", cache_section),
-    ("memory_analysis", analysis_section),
-]
+    return [("python", python_section), ("packages", packages_section), ("extras", extras_section),
+            ("allocator", allocator_section), ("devices", d.devices_section), ("ffi", d.ffi_section),
+            ("canary", d.canary_section), ("nvml", d.nvml_section), ("cache", cache_section),
+            ("memory_analysis", d.analysis_section)]
 
 
 def collect(*, recheck: bool = False, preallocate: bool = False) -> dict:
@@ -350,7 +190,7 @@ NEEDS_BACKEND = {
 
 def _collect(report: dict, checks: list[Check], recheck: bool, preallocate: bool) -> None:
     no_backend = None  # why jax could not start a backend, once it has been tried
-    for name, fn in SECTIONS:
+    for name, fn in sections():
         if name == "devices":
             if preallocate:
                 from ..memory.device import configure_preallocation
