@@ -2,8 +2,9 @@
 field present, ``None`` where this machine has no such thing) and its checks.
 
 The sections here import no jax (the versions are read from package metadata, the extras
-found with ``find_spec``, never imported); those that start it are in ``doctor_device``. A section that raises becomes a failed
-check with the exception's text: the doctor always finishes and always reports.
+found with ``find_spec``, never imported); those that start it are in ``doctor_device``. A
+section that raises becomes a failed check with the exception's text: the doctor always
+finishes and always reports.
 """
 
 from __future__ import annotations
