@@ -247,6 +247,14 @@ def check_equivalence(quick: bool) -> Result:
     if _identical(got, want):
         return Result("equivalence", OK, f"mlp, {steps} steps under the runtime: bit-identical to a plain jit loop")
     diff = _max_diff(got, want)
+    import jax
+
+    if jax.default_backend() != "cpu" and diff <= 1e-5:
+        # XLA's GPU reductions may use atomics: two runs of one program can differ in the last bits.
+        return Result("equivalence", WARN, f"mlp, {steps} steps: not bit-identical to a plain jit loop "
+                      f"(max |diff| {diff:.3g}), as two plain runs may not be on this device",
+                      "XLA_FLAGS=--xla_gpu_deterministic_ops=true makes them bit-identical",
+                      {"max_abs_diff": diff})
     return Result("equivalence", FAIL, f"mlp, {steps} steps: differs from a plain jit loop (max |diff| {diff:.3g})",
                   "report it with the --report file", {"max_abs_diff": diff})
 
