@@ -158,6 +158,31 @@ def add_service(subparsers: argparse._SubParsersAction) -> None:
 
 
 
+def add_doctor(subparsers: argparse._SubParsersAction) -> None:
+    from xshare.cli import doctor
+
+    parser = subparsers.add_parser(
+        "doctor",
+        help="check that this machine runs xshare correctly (versions, device, fences, memory)",
+        description=(
+            "Check this machine: Python and package versions, the backend and its devices, the GPU "
+            "allocator settings and where each comes from, the XLA FFI fences and their canary, NVML, "
+            "the compilation cache and the optional extras. --json for a bug report; --selftest runs "
+            "every device path once. Exit 0 all passed (warnings allowed), 1 a check failed (its fix "
+            "is named), 2 usage error."
+        ),
+        epilog=(
+            "examples:\n"
+            "  xshare doctor\n"
+            "  xshare doctor --json > doctor.json\n"
+            "  xshare doctor --selftest --report selftest.md"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    doctor.add_arguments(parser)
+    parser.set_defaults(func=doctor.run)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="xshare",
@@ -169,6 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_top(subparsers)
     add_bench(subparsers)
     add_service(subparsers)
+    add_doctor(subparsers)
     return parser
 
 

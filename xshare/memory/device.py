@@ -17,6 +17,56 @@ log = logging.getLogger("xshare.memory")
 # leaving the rest to the host process (Python, prefetched batches, results).
 CPU_RAM_FRACTION = 0.5
 DEFAULT_GPU_FRACTION = "0.9"
+DEPRECATED_FRACTION = "XLA_PYTHON_CLIENT_MEM_FRACTION"  # still read by jaxlib 0.10
+
+
+def preallocation_settings(environ=None) -> list[dict]:
+    """The GPU allocator settings a ``Runtime`` would start XLA with, and where each comes
+    from (``env NAME``, ``xshare default``, ``XLA default``): what ``xshare doctor`` shows.
+    Each: ``{"name", "value", "source", "problem", "fatal"}`` (``problem``: None, or what is
+    wrong and the fix; ``fatal``: jaxlib would refuse to start with it). Pure: reads
+    ``environ`` (default ``os.environ``), changes nothing."""
+    env = os.environ if environ is None else environ
+    out = []
+    pre = env.get("XLA_PYTHON_CLIENT_PREALLOCATE")
+    out.append({"name": "XLA_PYTHON_CLIENT_PREALLOCATE", "value": pre or "true",
+                "source": "env XLA_PYTHON_CLIENT_PREALLOCATE" if pre else "xshare default",
+                "fatal": False,
+                "problem": None if not pre or pre.lower() not in ("false", "0") else
+                "preallocation is off: the arena's budget is not reserved on the GPU, so another "
+                "process can take it; unset XLA_PYTHON_CLIENT_PREALLOCATE"})
+    new, old, own = (env.get("XLA_CLIENT_MEM_FRACTION"), env.get(DEPRECATED_FRACTION),
+                     env.get("XSHARE_MEM_FRACTION"))
+    problem = None
+    if new and old:
+        problem = (f"both XLA_CLIENT_MEM_FRACTION={new} and {DEPRECATED_FRACTION}={old} are set: "
+                   f"jaxlib refuses to start the GPU; unset {DEPRECATED_FRACTION}")
+    if new:
+        value, source = new, "env XLA_CLIENT_MEM_FRACTION"
+    elif old:
+        value, source = old, f"env {DEPRECATED_FRACTION} (deprecated name)"
+    elif own:
+        value, source = own, "env XSHARE_MEM_FRACTION"
+    else:
+        value, source = DEFAULT_GPU_FRACTION, "xshare default"
+    try:
+        if not 0 < float(value) <= 1:
+            raise ValueError
+    except ValueError:
+        problem = problem or f"memory fraction {value!r} ({source}) must be a number in (0, 1]"
+    out.append({"name": "XLA_CLIENT_MEM_FRACTION", "value": value, "source": source,
+                "problem": problem, "fatal": problem is not None})
+    alloc = env.get("XLA_PYTHON_CLIENT_ALLOCATOR")
+    valid = ("default", "platform", "bfc", "cuda_async", "vmm")
+    out.append({"name": "XLA_PYTHON_CLIENT_ALLOCATOR", "value": alloc or "default",
+                "source": "env XLA_PYTHON_CLIENT_ALLOCATOR" if alloc else "XLA default",
+                "fatal": bool(alloc) and alloc.lower() not in valid,
+                "problem": (f"XLA_PYTHON_CLIENT_ALLOCATOR={alloc!r} is not one of {', '.join(valid)}"
+                            if alloc and alloc.lower() not in valid else
+                            "the platform allocator preallocates nothing and reports no bytes_limit: "
+                            "pass Runtime(memory=...) or unset XLA_PYTHON_CLIENT_ALLOCATOR"
+                            if alloc and alloc.lower() == "platform" else None)})
+    return out
 
 
 def configure_preallocation() -> None:
@@ -28,7 +78,10 @@ def configure_preallocation() -> None:
     """
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "true")
     fraction = os.environ.get("XSHARE_MEM_FRACTION", DEFAULT_GPU_FRACTION)
-    os.environ.setdefault("XLA_CLIENT_MEM_FRACTION", fraction)
+    # jaxlib refuses to start a GPU backend when both names are set: a user's (deprecated)
+    # XLA_PYTHON_CLIENT_MEM_FRACTION is their setting, and it wins.
+    if not os.environ.get(DEPRECATED_FRACTION):
+        os.environ.setdefault("XLA_CLIENT_MEM_FRACTION", fraction)
     jax = sys.modules.get("jax")
     if jax is not None and _backend_started(jax):
         log.info("jax's backend started before xshare was imported: GPU preallocation settings "

@@ -6,8 +6,9 @@ Why the donated variant: without donation XLA packs temporaries into the outputs
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from .._errors import FootprintUnknown
 from .._units import format_bytes
@@ -28,6 +29,8 @@ class Footprint:
     staging: int = 0
     code: int = 0
     temp: int = 0
+    # Why ``temp`` is not XLA's own figure (memory_analysis() was implausible), else None.
+    note: str | None = None
 
     @property
     def resident(self) -> int:
@@ -44,12 +47,14 @@ class Footprint:
 
 
 def footprint_from_analysis(stats: Any, *, state_bytes: int, batch_bytes: int, prefetch: int,
-                            job: str = "?") -> Footprint:
+                            job: str = "?", hlo: Callable[[], str] | None = None) -> Footprint:
     """Build a Footprint from ``compiled.memory_analysis()``.
 
     ``state_bytes``/``batch_bytes`` are the exact sizes of the step's two arguments, computed from
     their shapes; XLA's figures are checked against them so an analysis that reports zeros or -1
-    (jax #18954) is refused instead of being taken as "free".
+    (jax #18954) is refused instead of being taken as "free". ``hlo`` (``compiled.as_text``,
+    called only when XLA reports no temporaries) lets a 0 be checked against the program: a
+    program with intermediate buffers is charged their sum instead (``plausible.py``).
     """
     if stats is None:
         raise FootprintUnknown(
@@ -71,7 +76,16 @@ def footprint_from_analysis(stats: Any, *, state_bytes: int, batch_bytes: int, p
     # the batch (the batch is donated too, so XLA may alias it into an output: ``out - alias``
     # then already leaves it out).
     persistent = state_bytes
+    note = None
+    if temp == 0 and hlo is not None:
+        from .plausible import implausible_temp
+
+        fixed = implausible_temp(temp, hlo())
+        if fixed is not None:
+            temp, note = fixed
+            # Once per compiled program: the program cache compiles each program once.
+            logging.getLogger("xshare.memory").warning("xshare: job %r: %s", job, note)
     non_state_args = max(arg - state_bytes, batch_bytes)
     ephemeral = temp + non_state_args + max(out - alias, 0)
     return Footprint(persistent=persistent, ephemeral=ephemeral, staging=prefetch * batch_bytes,
-                     code=code, temp=temp)
+                     code=code, temp=temp, note=note)

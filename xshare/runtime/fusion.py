@@ -116,7 +116,8 @@ def fused_program(program: CompiledStep, capacity: int, device: Any, *, fenced: 
         batch_bytes = capacity * tree_nbytes(program.batch_struct) + capacity
         depth = pipeline_depth(ahead, group_ahead, capacity * tree_nbytes(program.batch_struct))
         fp = footprint_from_analysis(compiled.memory_analysis(), state_bytes=state_bytes,
-                                     batch_bytes=batch_bytes, prefetch=prefetch + depth, job="fused group")
+                                     batch_bytes=batch_bytes, prefetch=prefetch + depth, job="fused group",
+                                     hlo=compiled.as_text)
         from .compiler import _flops
         out = FusedProgram(compiled, capacity, fp, _flops(compiled), moves, seconds)
         _cache[key] = out

@@ -321,5 +321,10 @@ def _ephemeral(compiled: Any, persistent: int, inputs: dict, outs: dict) -> int:
         out = int(getattr(ma, "output_size_in_bytes", 0) or 0)
     except Exception:  # noqa: BLE001
         return max(io, 1)
+    if temp == 0:  # a zero from a program that has temporaries is not believed (plausible.py)
+        from ..memory.plausible import implausible_temp
+
+        fixed = implausible_temp(temp, compiled.as_text())
+        temp = fixed[0] if fixed is not None else temp
     measured = temp + max(args - persistent, 0) + out
     return max(measured, io, 1)

@@ -75,7 +75,8 @@ class CompiledStep:
                     self._on_compile(time.perf_counter() - t0)
                     fp = footprint_from_analysis(
                         compiled.memory_analysis(), state_bytes=tree_nbytes(self.state_struct),
-                        batch_bytes=tree_nbytes(self.batch_struct), prefetch=0, job=self.key[:12])
+                        batch_bytes=tree_nbytes(self.batch_struct), prefetch=0, job=self.key[:12],
+                        hlo=compiled.as_text)
                     self._compiled = (compiled, fp, _flops(compiled))
                     self._lowered = None  # the compiled program is all that is needed now
         return self

@@ -70,7 +70,9 @@ class Runtime(Preparation, Deployments, Controls):
         over 8 small MLPs: 0.74x -> 0.86x of a plain loop's steady rate), and behind a
         fusion group's step up to 32 (while their stacked batches stay under 64 MiB): a group
         step makes N members' batches, so its host hiccups are N times larger.
-      fences: compile FFI step fences into every job (default: on unless ``XSHARE_FFI=0``).
+      fences: compile FFI step fences into every job (default: on unless ``XSHARE_FFI=0``, and
+        only once they passed the fence canary on this machine: ``xshare.ffi.canary``, checked
+        in a child process and cached; a failed canary means no fences and one warning).
       device: the device to own (default: ``jax.devices()[0]``).
       status_port: serve ``/status`` and ``/metrics`` over HTTP on this port (0 picks a free one)
         for ``xshare top`` and Prometheus; None serves nothing. Binds ``status_host``
@@ -156,7 +158,7 @@ class Runtime(Preparation, Deployments, Controls):
                                                                    or checkpoint_dir is not None) else None)
         self.checkpoint_every = checkpoint_every
         self._resume = resume
-        use_fences = _fences_wanted(fences)
+        use_fences = _fences_wanted(fences, self.device)
         self._ring = ffi.open_ring() if use_fences else None
         self.t0 = now_s()
         self._all: dict[int, JobRecord] = {}
@@ -405,18 +407,26 @@ def _step_code(spec: JobSpec) -> Any:
     return getattr(spec.fn, "__code__", None) or id(spec.job)
 
 
-def _fences_wanted(fences: bool | None) -> bool:
+def _fences_wanted(fences: bool | None, device: Any) -> bool:
     if fences is False:
         return False
     loaded = getattr(ffi, "ensure_loaded", None)
     if loaded is not None:
         loaded()
-    if fences is None:
-        return ffi.enabled()
-    if not ffi.available():
+    if fences is None and not ffi.enabled():
+        return False
+    if fences is not None and not ffi.available():
         raise XShareError("fences=True but the xshare FFI library is not available: "
                           f"{ffi.unavailable_reason()}")
-    return True
+    # The fences' device code runs here only once it has passed in a child process on this
+    # machine (cached per machine); a failed canary turns them off, with one warning.
+    from ..ffi import canary
+
+    ok, verdict = canary.gate(device)
+    if not ok and fences:
+        raise XShareError(f"fences=True but the fence canary failed on this machine: {verdict.reason}. "
+                          f"Run `xshare doctor`; {canary.ENV}=skip runs them unchecked")
+    return ok
 
 
 def run(specs: Iterable[JobSpec], *, policy: str = "pack", memory: int | str | None = None,
