@@ -17,7 +17,7 @@ from tests.serving.conftest import D_IN, direct_mlp, infer_mlp, rows
 def service(tmp_path_factory):
     s = Served(tmp_path_factory.mktemp("serving"),
                "--model", "xshare.models.inference:make_model", "--set", "max_batch=8", "--set", "name=zoo",
-               "--model", "tests.serving.factories:make_mlp")
+               "--model", "tests.serving.factories:make_mlp", "--grpc-port", "0")
     yield s
     s.stop()
 
@@ -76,6 +76,27 @@ def test_deploy_and_undeploy_need_the_token_and_work_from_the_cli(service):
         assert done.returncode == 1 and "no model 'extra' is deployed" in done.stderr
     finally:
         c.close()
+
+
+def test_the_same_models_answer_tritonclient_grpc_on_the_grpc_port(service):
+    import json
+
+    import tritonclient.grpc as grpcclient
+
+    address = json.loads((service.run_dir / "service.json").read_text())["grpc_address"]
+    g = grpcclient.InferenceServerClient(address)
+    try:
+        assert g.is_server_ready() and g.is_model_ready("zoo") and g.is_model_ready("mlp")
+        for n in (1, 3, 16):
+            x = rows(n, seed=30 + n)
+            i = grpcclient.InferInput("x", list(x.shape), "FP32")
+            i.set_data_from_numpy(x)
+            np.testing.assert_array_equal(g.infer("mlp", [i]).as_numpy("y"), direct_mlp(x)["y"])
+        config = g.get_model_config("mlp", as_json=True)["config"]
+        assert config["max_batch_size"] == 16 and config["input"] == [{"name": "x", "data_type": "TYPE_FP32",
+                                                                      "dims": [str(D_IN)]}]
+    finally:
+        g.close()
 
 
 def infer_mlp_named(c, name: str, x: np.ndarray) -> np.ndarray:

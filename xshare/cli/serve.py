@@ -21,6 +21,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--address", default="127.0.0.1:0", metavar="HOST:PORT",
                         help="where the control API listens (default 127.0.0.1:0 = loopback, any free port; "
                              "a non-loopback host exposes /status to the network, control still needs the token)")
+    parser.add_argument("--grpc-port", type=int, metavar="PORT",
+                        help="also serve the models over the Open Inference Protocol's gRPC (GRPCInferenceService, "
+                             "as tritonclient.grpc speaks it) on this port of --address's host (0 = any free "
+                             "port); needs pip install 'xshare[grpc]'")
     parser.add_argument("--run-dir", metavar="DIR",
                         help="each job's metrics.jsonl, log.txt and checkpoint go under DIR/<job>/ "
                              "(default runs/{YYYYmmdd-HHMMSS}-serve)")
@@ -60,6 +64,14 @@ def run(args: argparse.Namespace) -> int:
         return _usage(str(err))
     if args.checkpoint_every < 0:
         return _usage(f"--checkpoint-every {args.checkpoint_every} must be >= 0")
+    if args.grpc_port is not None:
+        if not 0 <= args.grpc_port <= 65535:
+            return _usage(f"--grpc-port {args.grpc_port} must be in 0..65535 (0 picks a free port)")
+        from xshare.serving.grpc_server import require_grpc
+        try:  # before anything starts: a missing extra is a usage error naming it
+            require_grpc()
+        except XShareError as err:
+            return _usage(str(err))
     if args.resume and not args.run_dir:
         return _usage("--resume needs the --run-dir of the service to continue")
     from xshare.cli.spec import policies
@@ -93,13 +105,14 @@ def run(args: argparse.Namespace) -> int:
     try:
         svc = Service(run_dir=run_dir, memory=memory, policy=args.policy, host=host, port=port,
                       resume=args.resume, checkpoint_every=args.checkpoint_every or None, fuse=args.fuse,
-                      models=models)
+                      models=models, grpc_port=args.grpc_port)
     except (ValueError, XShareError) as err:
         return _usage(f"cannot start the service: {err}")
     print(f"xshare serve: listening on http://{svc.address} (pid {__import__('os').getpid()}), "
           f"run dir {run_dir}, token in {run_dir / ANNOUNCE}"
           + (f", resumed {len(svc.resumed)} job(s)" if args.resume else "")
-          + (f", models {', '.join(svc.deployed)} at /v2/models/NAME" if svc.deployed else ""), flush=True)
+          + (f", models {', '.join(svc.deployed)} at /v2/models/NAME" if svc.deployed else "")
+          + (f", gRPC on {svc.grpc.address}" if svc.grpc else ""), flush=True)
     while not stop.wait(timeout=0.5):
         pass
     print("xshare serve: stopping: finishing steps in flight and checkpointing every job ...", flush=True)

@@ -179,5 +179,14 @@ class ModelHandle:
     def stats(self) -> dict[str, Any]:
         return self._m.stats()
 
+    @property
+    def spec(self) -> Any:
+        """The ``xshare.model(...)`` spec it was deployed from."""
+        return self._m.spec
+
+    def triton_stats(self) -> dict[str, Any]:
+        """The counters of Triton's statistics extension (``xshare.serving.extensions``)."""
+        return self._m.triton_stats()
+
     def __repr__(self) -> str:
         return f"ModelHandle({self.name!r}, {self._m.state})"

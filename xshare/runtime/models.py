@@ -44,6 +44,8 @@ class Request:
     rows: int
     t_arrival: float
     future: Future = field(default_factory=Future)
+    t_start: float = 0.0   # its batch began (taken from the queue): the end of its queue time
+    t_ready: float = 0.0   # its batch stacked and padded: compute_input ends, compute_infer begins
 
 
 class Deployed:
@@ -64,11 +66,27 @@ class Deployed:
         self.latency_sum_s = 0.0
         self.recent: deque[tuple[float, float]] = deque(maxlen=_RECENT)  # (t_done, latency_s)
         self.compile_s = 0.0
+        # Triton's statistics extension (xshare.serving.extensions): [count, ns] per duration,
+        # rows -> [batches, input ns, infer ns, output ns]; under _stats_lock (a reader copies).
+        self._stats_lock = threading.Lock()
+        self._durations = {k: [0, 0] for k in ("success", "fail", "queue", "compute_input", "compute_infer",
+                                               "compute_output")}
+        self._batch_durations: dict[int, list[int]] = {}
+        self._inferences = self._executions = 0
+        self._last_inference_ms = 0
         self._compile()
 
     # ------------------------------------------------------------------ build (caller's thread)
     def _compile(self) -> None:
         spec = self.spec
+        wide = [k for k, (dtype, _) in spec.inputs.items() if np.dtype(dtype).itemsize == 8]
+        if wide and not jax.config.jax_enable_x64:
+            # JAX would quietly compute them in 32 bits and answer INT32/FP32 to an INT64/FP64 request.
+            k = wide[0]
+            raise XShareError(f"model {spec.name!r}: input {k!r} is {spec.inputs[k][0]}, but JAX runs with 64-bit "
+                              "types off and would compute it in 32 bits; set JAX_ENABLE_X64=1 (or "
+                              "jax.config.update('jax_enable_x64', True)) before the runtime starts, or declare "
+                              "a 32-bit type")
         t = time.perf_counter()
         fn = jax.jit(_throwaway(spec.predict))
         params_avals = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), _dtype_of(a)), spec.params)
@@ -173,6 +191,7 @@ class Deployed:
     def launch(self, reqs: list[Request], rows: int) -> Any:
         """Run the smallest bucket holding ``rows``: zero padding after the requests' rows."""
         spec = self.spec
+        t_start = time.monotonic()
         bucket = spec.buckets[bisect.bisect_left(spec.buckets, rows)]
         batch = {}
         for k, (dtype, shape) in spec.inputs.items():
@@ -183,6 +202,9 @@ class Deployed:
         self.batches_total += 1
         self.rows_total += rows
         self.padded_rows_total += bucket
+        t_ready = time.monotonic()
+        for r in reqs:
+            r.t_start, r.t_ready = t_start, t_ready
         return self.executables[bucket](self.params, batch)
 
     # ------------------------------------------------------------------ completion thread
@@ -195,24 +217,68 @@ class Deployed:
         now = time.monotonic()
         if error is not None:
             self.errors_total += len(reqs)
+            self._count_failed(reqs, now)
             log.warning("model %r: a batch of %d request(s) failed: %s", self.name, len(reqs), short_error(error))
             err = InferError(500, f"model {self.name!r}: predict failed for this batch: {short_error(error)}")
             for r in reqs:
                 _settle(r.future, exc=err)
             return
         start = 0
+        answers = []
         for r in reqs:
             # A copy of this request's rows only: the padding and the other requests' rows stay here.
-            _settle(r.future, {k: v[start:start + r.rows].copy() for k, v in host.items()})
+            answers.append({k: v[start:start + r.rows].copy() for k, v in host.items()})
             start += r.rows
+        t_out = time.monotonic()
+        for r, answer in zip(reqs, answers):
+            _settle(r.future, answer)
             latency = now - r.t_arrival
             self.latency_counts[bisect.bisect_left(LATENCY_BOUNDS_S, latency)] += 1
             self.latency_sum_s += latency
             self.recent.append((now, latency))
         self.requests_total += len(reqs)
+        self._count_done(reqs, now, t_out)
+
+    def _count_done(self, reqs: list[Request], t_host: float, t_out: float) -> None:
+        """Triton's statistics of one answered batch: each request is charged its own queue time
+        and its batch's compute times, as Triton charges the requests of a batch."""
+        ns = 1e9
+        first = reqs[0]
+        c_in, c_infer, c_out = (first.t_ready - first.t_start, t_host - first.t_ready, t_out - t_host)
+        rows = sum(r.rows for r in reqs)
+        with self._stats_lock:
+            d = self._durations
+            for r in reqs:
+                for key, secs in (("success", t_out - r.t_arrival), ("queue", r.t_start - r.t_arrival),
+                                  ("compute_input", c_in), ("compute_infer", c_infer), ("compute_output", c_out)):
+                    d[key][0] += 1
+                    d[key][1] += int(secs * ns)
+            b = self._batch_durations.setdefault(rows, [0, 0, 0, 0])
+            b[0] += 1
+            b[1] += int(c_in * ns)
+            b[2] += int(c_infer * ns)
+            b[3] += int(c_out * ns)
+            self._inferences += rows
+            self._executions += 1
+            self._last_inference_ms = int(time.time() * 1000)
+
+    def _count_failed(self, reqs: list[Request], now: float) -> None:
+        with self._stats_lock:
+            for r in reqs:
+                self._durations["fail"][0] += 1
+                self._durations["fail"][1] += int((now - r.t_arrival) * 1e9)
+
+    def triton_stats(self) -> dict[str, Any]:
+        """The counters behind Triton's statistics document (:mod:`xshare.serving.extensions`)."""
+        with self._stats_lock:
+            return {**{k: tuple(v) for k, v in self._durations.items()},
+                    "batches": {k: tuple(v) for k, v in self._batch_durations.items()},
+                    "inference_count": self._inferences, "execution_count": self._executions,
+                    "last_inference_ms": self._last_inference_ms}
 
     def fail_queued(self, message: str) -> None:
         reqs, _ = self.take_all()
+        self._count_failed(reqs, time.monotonic())
         for r in reqs:
             _settle(r.future, exc=InferError(503, message, retry_after_s=1.0))
 

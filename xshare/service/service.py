@@ -44,7 +44,8 @@ class Service:
 
     def __init__(self, *, run_dir: str | os.PathLike, memory: Any = None, policy: str = "pack",
                  host: str = "127.0.0.1", port: int = 0, resume: bool = False,
-                 checkpoint_every: int | None = 100, fuse: bool = False, models: list[Any] = ()):
+                 checkpoint_every: int | None = 100, fuse: bool = False, models: list[Any] = (),
+                 grpc_port: int | None = None):
         import xshare
         from xshare.runtime.server import StatusServer
 
@@ -77,10 +78,17 @@ class Service:
                                        deploy=self.deploy_payload, undeploy=self.undeploy_name,
                                        announce={"kind": "service", "run_dir": str(self.run_dir.resolve())})
             self.server.start()
+            self.grpc = None  # the models over gRPC too (xshare serve --grpc-port), after they deploy
+            if grpc_port is not None:
+                from xshare.serving.grpc_server import GrpcServer
+                self.grpc = GrpcServer(self.rt, host, grpc_port).start()
             from xshare.runtime.discovery import write_private
             write_private(self.run_dir / ANNOUNCE, json.dumps(
-                {"pid": os.getpid(), "address": self.server.address, "token": self.server.token}) + "\n")
+                {"pid": os.getpid(), "address": self.server.address, "token": self.server.token,
+                 **({"grpc_address": self.grpc.address} if self.grpc else {})}) + "\n")
         except BaseException:
+            if getattr(self, "server", None) is not None:
+                self.server.stop()
             self.rt.close()
             raise
 
@@ -229,6 +237,8 @@ class Service:
         """Checkpoint every live job and close (``rt.stop(checkpoint=True)``); records each
         job's status for ``--resume``. Returns the jobs that could not be checkpointed."""
         self.server.stop()  # no new submits while stopping
+        if self.grpc is not None:
+            self.grpc.stop()
         # Read before stopping: stop() ends the unfinished jobs as cancelled too, and only those
         # the user cancelled (or that failed) must stay ended on --resume.
         before = {h.name: h.status() for h in self.rt.jobs}

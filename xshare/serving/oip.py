@@ -6,6 +6,10 @@
   GET  /v2/models/{name}            model metadata: inputs, outputs, datatypes, shapes (-1 = batch)
   GET  /v2/models/{name}/ready      200 if deployed and taking requests, else 400 (404 unknown)
   POST /v2/models/{name}/infer      JSON tensors, or Triton's binary tensor extension
+  GET  /v2/models/{name}/config     Triton's model configuration extension (:mod:`.extensions`)
+  GET  /v2/models[/{name}]/stats    Triton's statistics extension (every model's without a name)
+
+Every numeric datatype goes in and out (:mod:`.tensors`); BYTES is refused with 400.
 
 (``/versions/{v}`` after the name is accepted and ignored: a model has one version, "1".)
 
@@ -33,11 +37,12 @@ from starlette.routing import Route
 
 from .. import __version__
 from ..runtime.http_app import Reply, endpoint, json_response, raw_parts, read_body
-from .spec import OIP_DATATYPES, InferError
+from . import tensors
+from .extensions import model_config, model_statistics
+from .spec import InferError
 
 INFER_MAX_BODY_BYTES = 64 * 1024 * 1024  # 64 MiB: ~16M float32 values as binary, ~3M as JSON
 INFER_TIMEOUT_S = 120.0                  # an answer that takes longer is a 504
-_NP_OF = {v: k for k, v in OIP_DATATYPES.items()}
 _HEADER_LENGTH = "inference-header-content-length"
 
 
@@ -45,7 +50,7 @@ def oip_routes(rt: Any) -> list[Route]:
     @endpoint
     async def server_metadata(request: Request) -> Response:
         return json_response(200, {"name": "xshare", "version": __version__,
-                                   "extensions": ["binary_tensor_data"]})
+                                   "extensions": ["binary_tensor_data", "model_configuration", "statistics"]})
 
     @endpoint
     async def live(request: Request) -> Response:
@@ -59,7 +64,13 @@ def oip_routes(rt: Any) -> list[Route]:
     @endpoint
     async def models(request: Request) -> Response:
         name, action = _model_path(request)
+        if name == "stats" and action == "" and "stats" not in rt.models:  # every model's (Triton's route)
+            _only(request, "GET")
+            return json_response(200, model_statistics([rt.model(n) for n in sorted(rt.models)]))
         handle = _handle(rt, name)
+        if action in ("config", "stats"):
+            _only(request, "GET")
+            return json_response(200, model_config(handle) if action == "config" else model_statistics([handle]))
         if action == "":
             if request.method != "GET":
                 raise Reply(405, f"{request.method} is not allowed on {request.url.path}; use GET", {"Allow": "GET"})
@@ -75,13 +86,18 @@ def oip_routes(rt: Any) -> list[Route]:
                             {"Allow": "POST"})
             return await _infer(rt, handle, request)
         raise Reply(404, f"no such endpoint {request.url.path!r}; models answer GET /v2/models/{{name}}, "
-                         "GET /v2/models/{name}/ready and POST /v2/models/{name}/infer")
+                         "GET /v2/models/{name}/ready, /config, /stats and POST /v2/models/{name}/infer")
 
     any_method = ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"]
     return [Route("/v2", server_metadata, methods=["GET"]),
             Route("/v2/health/live", live, methods=["GET"]),
             Route("/v2/health/ready", ready, methods=["GET"]),
             Route("/v2/models/{rest:path}", models, methods=any_method)]
+
+
+def _only(request: Request, method: str) -> None:
+    if request.method != method:
+        raise Reply(405, f"{request.method} is not allowed on {request.url.path}; use {method}", {"Allow": method})
 
 
 def _model_path(request: Request) -> tuple[str, str]:
@@ -136,46 +152,30 @@ def parse_infer(body: bytes, header_len: str | None, meta: dict[str, Any]
         raise Reply(400, f"the body is not JSON: {err}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("inputs"), list):
         raise Reply(400, 'the body must be a JSON object with "inputs": [{"name", "shape", "datatype", "data"}]')
-    declared = {i["name"]: i for i in meta["inputs"]}
     inputs: dict[str, np.ndarray] = {}
+    seen: set = set()
     offset = 0
-    for t in doc["inputs"]:
-        if not isinstance(t, dict):
-            raise Reply(400, f"an input must be an object with name, shape, datatype and data; got {t!r:.80}")
-        name, shape, datatype = t.get("name"), t.get("shape"), t.get("datatype")
-        if name not in declared:
-            raise Reply(400, f"unknown input {name!r}; model {meta['name']!r} takes {sorted(declared)}")
-        if name in inputs:
-            raise Reply(400, f"input {name!r} is given twice")
-        want = declared[name]["datatype"]
-        if datatype != want:
-            raise Reply(400, f"input {name!r} has datatype {datatype!r}; model {meta['name']!r} takes {want}")
-        if (not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
-                                                    for d in shape)):
-            raise Reply(400, f"input {name!r} has shape {shape!r}; give a list of ints >= 0")
-        dtype = np.dtype(_NP_OF[want]) if want != "BF16" else None
-        if dtype is None:
-            raise Reply(400, f"input {name!r}: BF16 tensors are not accepted over HTTP; send FP32")
-        count = int(np.prod(shape)) if shape else 1
-        params = t.get("parameters") or {}
-        size = params.get("binary_data_size") if isinstance(params, dict) else None
-        if size is not None:
-            if not isinstance(size, int) or size != count * dtype.itemsize or offset + size > len(binary):
-                raise Reply(400, f"input {name!r}: binary_data_size {size!r} does not match shape {shape} of "
-                                 f"{want} ({count * dtype.itemsize} bytes) or the binary data sent")
-            arr = np.frombuffer(binary, dtype, count, offset).reshape(shape)
-            offset += size
-        else:
-            if "data" not in t:
-                raise Reply(400, f"input {name!r} has no data")
-            try:
-                arr = np.asarray(t["data"], dtype=dtype)
-            except (ValueError, TypeError, OverflowError) as err:
-                raise Reply(400, f"input {name!r}: its data are not {want} values: {err}") from None
-            if arr.size != count:
-                raise Reply(400, f"input {name!r} has {arr.size} values; shape {shape} needs {count}")
-            arr = arr.reshape(shape)
-        inputs[name] = arr
+    try:
+        for t in doc["inputs"]:
+            if not isinstance(t, dict):
+                raise Reply(400, f"an input must be an object with name, shape, datatype and data; got {t!r:.80}")
+            name, shape, datatype = t.get("name"), t.get("shape"), t.get("datatype")
+            dtype = tensors.check_header(meta, name, datatype, shape, seen)
+            params = t.get("parameters") or {}
+            size = params.get("binary_data_size") if isinstance(params, dict) else None
+            if size is not None:
+                if not isinstance(size, int) or isinstance(size, bool) or size < 0 or offset + size > len(binary):
+                    raise Reply(400, f"input {name!r}: binary_data_size {size!r} is not a byte count within the "
+                                     f"{len(binary) - offset} bytes of binary data left")
+                arr = tensors.from_bytes(name, datatype, dtype, shape, binary[offset:offset + size])
+                offset += size
+            else:
+                if "data" not in t:
+                    raise Reply(400, f"input {name!r} has no data")
+                arr = tensors.from_values(name, datatype, dtype, shape, t["data"])
+            inputs[name] = arr
+    except InferError as err:
+        raise Reply(err.code, err.message) from None
     outs = doc.get("outputs")
     wanted, binary_out = None, {}
     default_binary = bool((doc.get("parameters") or {}).get("binary_data_output", False))
@@ -198,20 +198,18 @@ def parse_infer(body: bytes, header_len: str | None, meta: dict[str, Any]
 def render_infer(model: str, req_id: Any, outputs: dict[str, np.ndarray], wanted: list[str] | None,
                  binary_out: dict[str, bool]) -> tuple[bytes, dict[str, str], str]:
     names = wanted if wanted is not None else list(outputs)
-    tensors, blobs = [], []
+    out, blobs = [], []
     for name in names:
         arr = outputs[name]
-        t: dict[str, Any] = {"name": name, "datatype": OIP_DATATYPES.get(str(arr.dtype), str(arr.dtype).upper()),
-                             "shape": list(arr.shape)}
+        t: dict[str, Any] = {"name": name, "datatype": tensors.datatype_of(arr.dtype), "shape": list(arr.shape)}
         if binary_out.get(name):
-            raw = np.ascontiguousarray(arr).tobytes()
+            raw = tensors.to_bytes(arr)
             t["parameters"] = {"binary_data_size": len(raw)}
             blobs.append(raw)
         else:
-            # float32 -> Python float is exact, and JSON's shortest repr of it reads back exactly
-            t["data"] = arr.ravel().tolist()
-        tensors.append(t)
-    doc: dict[str, Any] = {"model_name": model, "model_version": "1", "outputs": tensors}
+            t["data"] = tensors.to_values(arr)  # exact: see tensors.to_values
+        out.append(t)
+    doc: dict[str, Any] = {"model_name": model, "model_version": "1", "outputs": out}
     if req_id is not None:
         doc["id"] = req_id
     head = json.dumps(doc, allow_nan=True).encode()
