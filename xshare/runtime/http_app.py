@@ -196,7 +196,7 @@ def build_app(srv: Any) -> Starlette:
         routes.append(Route("/models/{name}", undeploy, methods=["DELETE"]))
     from ..serving.oip import oip_routes
 
-    routes += oip_routes(rt)
+    routes += oip_routes(rt, srv)
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)

@@ -45,7 +45,7 @@ class Service:
     def __init__(self, *, run_dir: str | os.PathLike, memory: Any = None, policy: str = "pack",
                  host: str = "127.0.0.1", port: int = 0, resume: bool = False,
                  checkpoint_every: int | None = 100, fuse: bool = False, models: list[Any] = (),
-                 grpc_port: int | None = None):
+                 grpc_port: int | None = None, repository: dict[str, Any] | None = None):
         import xshare
         from xshare.runtime.server import StatusServer
 
@@ -74,14 +74,20 @@ class Service:
                 name = self.deploy(req, skip_deployed=resume)  # on --resume it may be back already
                 if name not in self.deployed:
                     self.deployed.append(name)
+            self.repository = None  # --model-repository: Repository(rt, **repository) loads its models now
+            if repository is not None:
+                from xshare.serving.repository import Repository
+                self.repository = Repository(self.rt, **repository)
             self.server = StatusServer(self.rt, host, port, submit=self.submit_payload,
                                        deploy=self.deploy_payload, undeploy=self.undeploy_name,
+                                       repository=self.repository,
                                        announce={"kind": "service", "run_dir": str(self.run_dir.resolve())})
             self.server.start()
             self.grpc = None  # the models over gRPC too (xshare serve --grpc-port), after they deploy
             if grpc_port is not None:
                 from xshare.serving.grpc_server import GrpcServer
-                self.grpc = GrpcServer(self.rt, host, grpc_port).start()
+                self.grpc = GrpcServer(self.rt, host, grpc_port, repository=self.repository,
+                                       token=self.server.token).start()
             from xshare.runtime.discovery import write_private
             write_private(self.run_dir / ANNOUNCE, json.dumps(
                 {"pid": os.getpid(), "address": self.server.address, "token": self.server.token,
@@ -89,6 +95,8 @@ class Service:
         except BaseException:
             if getattr(self, "server", None) is not None:
                 self.server.stop()
+            if getattr(self, "repository", None) is not None:
+                self.repository.close()
             self.rt.close()
             raise
 
@@ -239,6 +247,8 @@ class Service:
         self.server.stop()  # no new submits while stopping
         if self.grpc is not None:
             self.grpc.stop()
+        if self.repository is not None:
+            self.repository.close()  # no more polling
         # Read before stopping: stop() ends the unfinished jobs as cancelled too, and only those
         # the user cancelled (or that failed) must stay ended on --resume.
         before = {h.name: h.status() for h in self.rt.jobs}

@@ -8,6 +8,8 @@
   POST /v2/models/{name}/infer      JSON tensors, or Triton's binary tensor extension
   GET  /v2/models/{name}/config     Triton's model configuration extension (:mod:`.extensions`)
   GET  /v2/models[/{name}]/stats    Triton's statistics extension (every model's without a name)
+  POST /v2/repository/index         Triton's repository extension (``xshare serve --model-repository``):
+  POST /v2/repository/models/{name}/load|unload    these two need the token (they change state)
 
 Every numeric datatype goes in and out (:mod:`.tensors`); BYTES is refused with 400.
 
@@ -36,7 +38,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from .. import __version__
-from ..runtime.http_app import Reply, endpoint, json_response, raw_parts, read_body
+from ..runtime.http_app import Reply, authorize, endpoint, json_response, parse_json, raw_parts, read_body
 from . import tensors
 from .extensions import model_config, model_statistics
 from .spec import InferError
@@ -46,11 +48,16 @@ INFER_TIMEOUT_S = 120.0                  # an answer that takes longer is a 504
 _HEADER_LENGTH = "inference-header-content-length"
 
 
-def oip_routes(rt: Any) -> list[Route]:
+def oip_routes(rt: Any, srv: Any = None) -> list[Route]:
+    """The routes; ``srv.repository`` (a :class:`.repository.Repository`, ``xshare serve
+    --model-repository``) adds the repository extension, whose load and unload need the token."""
+    repo = getattr(srv, "repository", None)
+
     @endpoint
     async def server_metadata(request: Request) -> Response:
+        extensions = ["binary_tensor_data", "model_configuration", "statistics"]
         return json_response(200, {"name": "xshare", "version": __version__,
-                                   "extensions": ["binary_tensor_data", "model_configuration", "statistics"]})
+                                   "extensions": extensions + (["model_repository"] if repo is not None else [])})
 
     @endpoint
     async def live(request: Request) -> Response:
@@ -88,11 +95,35 @@ def oip_routes(rt: Any) -> list[Route]:
         raise Reply(404, f"no such endpoint {request.url.path!r}; models answer GET /v2/models/{{name}}, "
                          "GET /v2/models/{name}/ready, /config, /stats and POST /v2/models/{name}/infer")
 
+    @endpoint
+    async def repository_index(request: Request) -> Response:
+        doc = parse_json(await read_body(request), ' (send none, or {"ready": true})')
+        ready_only = bool(doc.get("ready", False)) if isinstance(doc, dict) else False
+        return json_response(200, await run_in_threadpool(repo.index, ready_only))
+
+    @endpoint
+    async def repository_model(request: Request) -> Response:
+        parts = raw_parts(request)  # ["", "v2", "repository", "models", name, action]
+        if len(parts) != 6 or parts[5] not in ("load", "unload") or not parts[4]:
+            raise Reply(404, f"no such endpoint {request.url.path!r}; try POST /v2/repository/models/{{name}}/load "
+                             "or /unload")
+        authorize(srv, request, f"{parts[5]}ing a model")
+        await read_body(request)  # Triton's optional parameters: nothing here uses them
+        try:
+            await run_in_threadpool(getattr(repo, parts[5]), parts[4])
+        except InferError as err:
+            raise Reply(err.code, err.message) from None
+        return json_response(200, {})
+
     any_method = ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"]
-    return [Route("/v2", server_metadata, methods=["GET"]),
-            Route("/v2/health/live", live, methods=["GET"]),
-            Route("/v2/health/ready", ready, methods=["GET"]),
-            Route("/v2/models/{rest:path}", models, methods=any_method)]
+    routes = [Route("/v2", server_metadata, methods=["GET"]),
+              Route("/v2/health/live", live, methods=["GET"]),
+              Route("/v2/health/ready", ready, methods=["GET"]),
+              Route("/v2/models/{rest:path}", models, methods=any_method)]
+    if repo is not None:
+        routes += [Route("/v2/repository/index", repository_index, methods=["POST"]),
+                   Route("/v2/repository/models/{rest:path}", repository_model, methods=["POST"])]
+    return routes
 
 
 def _only(request: Request, method: str) -> None:
