@@ -52,6 +52,8 @@ class Hub:
             return False
         now = time.monotonic()
         for m in self._waiting():
+            if m.timed:
+                m.expire(now)  # requests past their timeout fail alone, before a batch could take them
             at = m.due_at()
             if at is not None and at <= now:
                 self._run(m)
@@ -62,9 +64,9 @@ class Hub:
         """How long the idle dispatcher may sleep before a waiting batch falls due."""
         now, wait = time.monotonic(), default
         for m in self._waiting():
-            at = m.due_at()
-            if at is not None:
-                wait = min(wait, max(at - now, 0.0))
+            for at in (m.due_at(), m.next_deadline()):
+                if at is not None:
+                    wait = min(wait, max(at - now, 0.0))
         return wait
 
     def _waiting(self) -> list[Deployed]:
@@ -158,9 +160,13 @@ class ModelHandle:
     def name(self) -> str:
         return self._m.name
 
-    def submit(self, inputs: dict[str, Any]) -> Future:
-        """Queue one request; its future holds ``{output: rows}`` (or ``InferError``)."""
-        fut = self._m.enqueue(inputs)
+    def submit(self, inputs: dict[str, Any], *, priority: int = 0, timeout_us: int | None = None) -> Future:
+        """Queue one request; its future holds ``{output: rows}`` (or ``InferError``).
+        ``priority``: its level, 1 first .. the model's ``priority_levels`` (0: the model's
+        default); ``timeout_us``: if its batch has not started within this many microseconds it
+        fails alone (``InferError`` 504) and nothing else is affected. Both are Triton's
+        schedule-policy request parameters, which HTTP and gRPC requests carry."""
+        fut = self._m.enqueue(inputs, priority=priority, timeout_us=timeout_us)
         self._rt._dispatcher.serving.queued(self._m)
         self._rt._dispatcher.poke()
         return fut

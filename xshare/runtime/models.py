@@ -21,7 +21,6 @@ import time
 import weakref
 from collections import deque
 from concurrent.futures import Future, InvalidStateError
-from dataclasses import dataclass, field
 from typing import Any
 
 import jax
@@ -29,6 +28,7 @@ import numpy as np
 
 from .._errors import XShareError
 from ..serving.spec import OIP_DATATYPES, InferError, ModelSpec
+from .batching import InferStats, Request, insert_at, next_deadline, oldest_arrival, preferred_rows
 from .causes import short_error
 
 log = logging.getLogger("xshare.serving")
@@ -36,16 +36,6 @@ log = logging.getLogger("xshare.serving")
 # Latency histogram bounds (seconds): /metrics' xshare_model_request_seconds buckets.
 LATENCY_BOUNDS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 _RECENT = 2048  # completed requests kept for p50/p99 and requests/s
-
-
-@dataclass
-class Request:
-    inputs: dict[str, np.ndarray]
-    rows: int
-    t_arrival: float
-    future: Future = field(default_factory=Future)
-    t_start: float = 0.0   # its batch began (taken from the queue): the end of its queue time
-    t_ready: float = 0.0   # its batch stacked and padded: compute_input ends, compute_infer begins
 
 
 class Deployed:
@@ -66,14 +56,8 @@ class Deployed:
         self.latency_sum_s = 0.0
         self.recent: deque[tuple[float, float]] = deque(maxlen=_RECENT)  # (t_done, latency_s)
         self.compile_s = 0.0
-        # Triton's statistics extension (xshare.serving.extensions): [count, ns] per duration,
-        # rows -> [batches, input ns, infer ns, output ns]; under _stats_lock (a reader copies).
-        self._stats_lock = threading.Lock()
-        self._durations = {k: [0, 0] for k in ("success", "fail", "queue", "compute_input", "compute_infer",
-                                               "compute_output")}
-        self._batch_durations: dict[int, list[int]] = {}
-        self._inferences = self._executions = 0
-        self._last_inference_ms = 0
+        self.infer_stats = InferStats()  # Triton's statistics extension
+        self.timed = 0  # requests waiting with a timeout: the dispatcher looks for expired ones only then
         self._compile()
 
     # ------------------------------------------------------------------ build (caller's thread)
@@ -149,9 +133,32 @@ class Deployed:
                                   "per request (max_batch): split it")
         return arrays, rows
 
-    def enqueue(self, inputs: Any) -> Future:
+    def level(self, priority: Any) -> int:
+        """A request's priority level (Triton's ``priority`` parameter: 1 first, 0 = the default)."""
+        spec = self.spec
+        if not isinstance(priority, int) or isinstance(priority, bool) or priority < 0:
+            raise InferError(400, f"priority {priority!r} must be an int >= 0 (1 is the highest, 0 the default)")
+        if not spec.priority_levels:
+            if priority:
+                raise InferError(400, f"model {self.name!r} has no priority levels, so a request's priority "
+                                      f"{priority} means nothing; send none, or deploy it with priority_levels=N")
+            return 0
+        if priority > spec.priority_levels:
+            raise InferError(400, f"priority {priority} is not a level of model {self.name!r}: 1 (highest) .. "
+                                  f"{spec.priority_levels}, or 0 for its default ({spec.default_priority_level})")
+        return priority or spec.default_priority_level
+
+    def enqueue(self, inputs: Any, *, priority: Any = 0, timeout_us: Any = None) -> Future:
+        """Queue one request; ``priority`` (its level) and ``timeout_us`` (how long it may wait
+        for its batch to start, in microseconds) are Triton's schedule-policy parameters."""
         arrays, rows = self.check(inputs)
-        req = Request(arrays, rows, time.monotonic())
+        level = self.level(priority)
+        if timeout_us is not None and (not isinstance(timeout_us, int) or isinstance(timeout_us, bool)
+                                       or timeout_us < 0):
+            raise InferError(400, f"timeout {timeout_us!r} must be an int >= 0 (microseconds; 0 = none)")
+        now = time.monotonic()
+        req = Request(arrays, rows, now, level=level, timeout_us=timeout_us or None,
+                      deadline=now + timeout_us / 1e6 if timeout_us else None)
         with self._lock:
             if self.state != "ready":
                 raise InferError(503, f"model {self.name!r} is {self.state}; it takes no requests",
@@ -160,33 +167,66 @@ class Deployed:
                 self.rejected_total += 1
                 raise InferError(503, f"model {self.name!r} has {self.queued_rows} rows waiting (max_queue="
                                       f"{self.spec.max_queue}); retry later", retry_after_s=1.0)
-            self.queue.append(req)
+            at = insert_at(self.queue, level)
+            if at is None:
+                self.queue.append(req)
+            else:
+                self.queue.insert(at, req)
             self.queued_rows += rows
+            self.timed += req.deadline is not None
         return req.future
 
     # ------------------------------------------------------------------ dispatcher thread
     def due_at(self) -> float | None:
-        """When the waiting requests must run (monotonic seconds; now if a full batch waits)."""
-        q = self.queue
+        """When the waiting requests must run (monotonic seconds; 0 if a full batch or one of a
+        preferred size waits; with ``max_delay_ms=0``, the default, as soon as one arrives)."""
+        q, spec = self.queue, self.spec
         if not q:
             return None
-        if self.queued_rows >= self.spec.max_batch:
+        if self.queued_rows >= spec.max_batch or preferred_rows(q, spec.preferred_batch_sizes):
             return 0.0
-        try:
-            return q[0].t_arrival + self.spec.max_delay_ms / 1e3
-        except IndexError:  # taken in between
-            return None
+        oldest = oldest_arrival(q, bool(spec.priority_levels))
+        return None if oldest is None else oldest + spec.max_delay_ms / 1e3
 
     def take(self) -> tuple[list[Request], int]:
-        """The oldest requests that fit in ``max_batch`` rows, and their row count."""
+        """The first requests (by level, then arrival) that fit in ``max_batch`` rows, and their
+        row count; fewer if they make a preferred batch size and not a full batch."""
         taken, rows = [], 0
+        spec = self.spec
         with self._lock:
-            while self.queue and rows + self.queue[0].rows <= self.spec.max_batch:
+            limit = spec.max_batch
+            if self.queued_rows < limit:
+                limit = preferred_rows(self.queue, spec.preferred_batch_sizes) or limit
+            while self.queue and rows + self.queue[0].rows <= limit:
                 req = self.queue.popleft()
                 taken.append(req)
                 rows += req.rows
+                self.timed -= req.deadline is not None
             self.queued_rows -= rows
         return taken, rows
+
+    def next_deadline(self) -> float | None:
+        return next_deadline(self.queue) if self.timed else None
+
+    def expire(self, now: float) -> int:
+        """Fail the requests that waited past their timeout, each alone (its batch has not
+        started; the others wait on); how many."""
+        if not self.timed:
+            return 0
+        with self._lock:
+            late = [r for r in self.queue if r.deadline is not None and r.deadline <= now]
+            if not late:
+                return 0
+            gone = set(map(id, late))
+            self.queue = deque(r for r in self.queue if id(r) not in gone)
+            self.queued_rows -= sum(r.rows for r in late)
+            self.timed -= len(late)
+        self.infer_stats.failed(late, now)
+        for r in late:
+            _settle(r.future, exc=InferError(504, f"the request waited {(now - r.t_arrival) * 1e3:.1f} ms in the "
+                                                  f"queue of model {self.name!r}, past its timeout of {r.timeout_us} "
+                                                  "us; it did not run"))
+        return len(late)
 
     def launch(self, reqs: list[Request], rows: int) -> Any:
         """Run the smallest bucket holding ``rows``: zero padding after the requests' rows."""
@@ -217,7 +257,7 @@ class Deployed:
         now = time.monotonic()
         if error is not None:
             self.errors_total += len(reqs)
-            self._count_failed(reqs, now)
+            self.infer_stats.failed(reqs, now)
             log.warning("model %r: a batch of %d request(s) failed: %s", self.name, len(reqs), short_error(error))
             err = InferError(500, f"model {self.name!r}: predict failed for this batch: {short_error(error)}")
             for r in reqs:
@@ -237,48 +277,15 @@ class Deployed:
             self.latency_sum_s += latency
             self.recent.append((now, latency))
         self.requests_total += len(reqs)
-        self._count_done(reqs, now, t_out)
-
-    def _count_done(self, reqs: list[Request], t_host: float, t_out: float) -> None:
-        """Triton's statistics of one answered batch: each request is charged its own queue time
-        and its batch's compute times, as Triton charges the requests of a batch."""
-        ns = 1e9
-        first = reqs[0]
-        c_in, c_infer, c_out = (first.t_ready - first.t_start, t_host - first.t_ready, t_out - t_host)
-        rows = sum(r.rows for r in reqs)
-        with self._stats_lock:
-            d = self._durations
-            for r in reqs:
-                for key, secs in (("success", t_out - r.t_arrival), ("queue", r.t_start - r.t_arrival),
-                                  ("compute_input", c_in), ("compute_infer", c_infer), ("compute_output", c_out)):
-                    d[key][0] += 1
-                    d[key][1] += int(secs * ns)
-            b = self._batch_durations.setdefault(rows, [0, 0, 0, 0])
-            b[0] += 1
-            b[1] += int(c_in * ns)
-            b[2] += int(c_infer * ns)
-            b[3] += int(c_out * ns)
-            self._inferences += rows
-            self._executions += 1
-            self._last_inference_ms = int(time.time() * 1000)
-
-    def _count_failed(self, reqs: list[Request], now: float) -> None:
-        with self._stats_lock:
-            for r in reqs:
-                self._durations["fail"][0] += 1
-                self._durations["fail"][1] += int((now - r.t_arrival) * 1e9)
+        self.infer_stats.done(reqs, now, t_out)
 
     def triton_stats(self) -> dict[str, Any]:
         """The counters behind Triton's statistics document (:mod:`xshare.serving.extensions`)."""
-        with self._stats_lock:
-            return {**{k: tuple(v) for k, v in self._durations.items()},
-                    "batches": {k: tuple(v) for k, v in self._batch_durations.items()},
-                    "inference_count": self._inferences, "execution_count": self._executions,
-                    "last_inference_ms": self._last_inference_ms}
+        return self.infer_stats.snapshot()
 
     def fail_queued(self, message: str) -> None:
         reqs, _ = self.take_all()
-        self._count_failed(reqs, time.monotonic())
+        self.infer_stats.failed(reqs, time.monotonic())
         for r in reqs:
             _settle(r.future, exc=InferError(503, message, retry_after_s=1.0))
 
@@ -286,6 +293,7 @@ class Deployed:
         with self._lock:
             reqs, self.queue = list(self.queue), deque()
             rows, self.queued_rows = self.queued_rows, 0
+            self.timed = 0
         return reqs, rows
 
     # ------------------------------------------------------------------ reading

@@ -5,7 +5,8 @@ protocols cannot drift apart.
 
 The configuration is Triton's ``ModelConfig`` (``model_config.proto``) for what an xshare model
 is: ``max_batch_size`` = ``max_batch``, ``input``/``output`` with per-row ``dims``, and
-``dynamic_batching`` with ``max_queue_delay_microseconds`` = ``max_delay_ms``. What Triton's
+``dynamic_batching`` with ``max_queue_delay_microseconds`` = ``max_delay_ms``,
+``preferred_batch_size``, ``priority_levels`` and ``default_priority_level``. What Triton's
 schema has no field for (the padded batch sizes compiled ahead, the queue bound in rows, the
 priority among models) is in ``parameters`` under ``xshare.*`` names.
 
@@ -38,6 +39,12 @@ def model_config(handle: Any) -> dict[str, Any]:
     def tensor(t: dict[str, Any]) -> dict[str, Any]:
         return {"name": t["name"], "data_type": config_type(t["datatype"]), "dims": [int(d) for d in t["shape"][1:]]}
 
+    batching: dict[str, Any] = {"max_queue_delay_microseconds": int(round(spec.max_delay_ms * 1000))}
+    if spec.preferred_batch_sizes:
+        batching["preferred_batch_size"] = list(spec.preferred_batch_sizes)
+    if spec.priority_levels:
+        batching["priority_levels"] = spec.priority_levels
+        batching["default_priority_level"] = spec.default_priority_level
     params = {"xshare.buckets": ",".join(map(str, spec.buckets)), "xshare.max_queue_rows": str(spec.max_queue),
               "xshare.priority": str(spec.priority)}
     return {
@@ -46,7 +53,7 @@ def model_config(handle: Any) -> dict[str, Any]:
         "max_batch_size": spec.max_batch,
         "input": [tensor(t) for t in meta["inputs"]],
         "output": [tensor(t) for t in meta["outputs"]],
-        "dynamic_batching": {"max_queue_delay_microseconds": int(round(spec.max_delay_ms * 1000))},
+        "dynamic_batching": batching,
         "parameters": {k: {"string_value": v} for k, v in params.items()},
     }
 

@@ -85,6 +85,18 @@ def parse_request(request: Any, meta: dict[str, Any]) -> dict[str, np.ndarray]:
     return inputs
 
 
+def schedule(request: Any) -> dict[str, Any]:
+    """The request's ``priority`` and ``timeout`` parameters (Triton's schedule policy), as
+    ``handle.submit`` takes them; whatever type the client sent them as."""
+    out: dict[str, Any] = {}
+    for key, arg in (("priority", "priority"), ("timeout", "timeout_us")):
+        if key in request.parameters:
+            p = request.parameters[key]
+            kind = p.WhichOneof("parameter_choice")
+            out[arg] = getattr(p, kind) if kind else None
+    return out
+
+
 def build_response(pb2: Any, model: str, req_id: str, outputs: dict[str, np.ndarray],
                    wanted: list[str]) -> Any:
     """A ``ModelInferResponse`` with every output as raw bytes (what Triton sends)."""
@@ -158,7 +170,7 @@ def _servicer(rt: Any, pb2: Any, pb2_grpc: Any, grpc: Any, repo: Any = None, tok
                 if name not in known:
                     await refuse(context, 400, f"unknown output {name!r}; model {meta['name']!r} has {sorted(known)}")
             try:
-                fut = handle.submit(parse_request(request, meta))
+                fut = handle.submit(parse_request(request, meta), **schedule(request))
                 outputs = await asyncio.wait_for(asyncio.wrap_future(fut), INFER_TIMEOUT_S)
             except InferError as err:
                 await refuse(context, err.code, err.message)

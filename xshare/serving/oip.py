@@ -150,10 +150,11 @@ def _handle(rt: Any, name: str) -> Any:
 async def _infer(rt: Any, handle: Any, request: Request) -> Response:
     body = await read_body(request, INFER_MAX_BODY_BYTES, too_large=400)
     header_len = request.headers.get(_HEADER_LENGTH)
-    parsed = await run_in_threadpool(parse_infer, body, header_len, handle.metadata())
+    schedule: dict[str, Any] = {}
+    parsed = await run_in_threadpool(parse_infer, body, header_len, handle.metadata(), schedule)
     inputs, wanted, binary_out, req_id = parsed
     try:
-        fut = handle.submit(inputs)
+        fut = handle.submit(inputs, **schedule)
         outputs = await asyncio.wait_for(asyncio.wrap_future(fut), INFER_TIMEOUT_S)
     except InferError as err:
         headers = {"Retry-After": str(max(1, round(err.retry_after_s)))} if err.retry_after_s else {}
@@ -165,9 +166,11 @@ async def _infer(rt: Any, handle: Any, request: Request) -> Response:
     return Response(body, 200, {"Cache-Control": "no-store", **headers}, ctype)
 
 
-def parse_infer(body: bytes, header_len: str | None, meta: dict[str, Any]
+def parse_infer(body: bytes, header_len: str | None, meta: dict[str, Any], schedule: dict | None = None,
                 ) -> tuple[dict[str, np.ndarray], list[str] | None, dict[str, bool], Any]:
-    """The request's tensors as numpy arrays; ``Reply(400)`` says what is wrong."""
+    """The request's tensors as numpy arrays; ``Reply(400)`` says what is wrong. ``schedule``,
+    if given, receives the request's ``priority`` and ``timeout_us`` (Triton's schedule-policy
+    parameters ``priority`` and ``timeout``, in the body's ``parameters``)."""
     binary = b""
     if header_len is not None:
         try:
@@ -207,9 +210,15 @@ def parse_infer(body: bytes, header_len: str | None, meta: dict[str, Any]
             inputs[name] = arr
     except InferError as err:
         raise Reply(err.code, err.message) from None
+    params = doc.get("parameters") or {}
+    if not isinstance(params, dict):
+        raise Reply(400, 'the body\'s "parameters" must be an object')
+    if schedule is not None:
+        schedule["priority"] = params.get("priority", 0)
+        schedule["timeout_us"] = params.get("timeout")
     outs = doc.get("outputs")
     wanted, binary_out = None, {}
-    default_binary = bool((doc.get("parameters") or {}).get("binary_data_output", False))
+    default_binary = bool(params.get("binary_data_output", False))
     known = {o["name"] for o in meta["outputs"]}
     if outs is not None:
         if not isinstance(outs, list):
