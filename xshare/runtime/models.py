@@ -43,7 +43,9 @@ class Deployed:
 
     def __init__(self, spec: ModelSpec, device: Any):
         self.spec, self.name, self.device = spec, spec.name, device
-        self.arena_id = f"model:{spec.name}"
+        self.version = spec.version
+        self.key = (spec.name, spec.version)  # the hub's key: a name may be deployed at several versions
+        self.arena_id = f"model:{spec.name}" + (f"/{spec.version}" if spec.version != 1 else "")
         self.lane: int | None = None
         self.state = "loading"       # loading -> ready -> leaving -> gone
         self._lock = threading.Lock()  # guards the queue and its row count (held for O(1) work)
@@ -299,7 +301,7 @@ class Deployed:
     # ------------------------------------------------------------------ reading
     def metadata(self) -> dict[str, Any]:
         """The Open Inference Protocol's model metadata (shapes with -1 for the batch)."""
-        return {"name": self.name, "versions": ["1"], "platform": "xshare-jax",
+        return {"name": self.name, "versions": [str(self.version)], "platform": "xshare-jax",
                 "inputs": [{"name": k, "datatype": OIP_DATATYPES[d], "shape": [-1, *s]}
                            for k, (d, s) in self.spec.inputs.items()],
                 "outputs": [{"name": k, "datatype": OIP_DATATYPES.get(d, d.upper()), "shape": [-1, *s]}
@@ -312,7 +314,7 @@ class Deployed:
         window = [t for t, _ in recent if now - t <= 10.0]
         span = min(10.0, max(now - window[0], 1e-9)) if window else None
         return {
-            "name": self.name, "status": self.state, "priority": self.spec.priority,
+            "name": self.name, "version": self.version, "status": self.state, "priority": self.spec.priority,
             "max_batch": self.spec.max_batch, "max_delay_ms": self.spec.max_delay_ms,
             "buckets": list(self.spec.buckets), "lane": self.lane,
             "persistent_bytes": self.persistent_bytes, "ephemeral_bytes": self.ephemeral_bytes,

@@ -68,7 +68,7 @@ def model_statistics(handles: list[Any]) -> dict[str, Any]:
     for h in handles:
         s = h.triton_stats()
         out.append({
-            "name": h.name, "version": "1", "last_inference": s["last_inference_ms"],
+            "name": h.name, "version": str(h.version), "last_inference": s["last_inference_ms"],
             "inference_count": s["inference_count"], "execution_count": s["execution_count"],
             "inference_stats": {k: _duration(*s[k]) for k in ("success", "fail", "queue", "compute_input",
                                                                  "compute_infer", "compute_output")},

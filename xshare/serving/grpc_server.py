@@ -98,9 +98,9 @@ def schedule(request: Any) -> dict[str, Any]:
 
 
 def build_response(pb2: Any, model: str, req_id: str, outputs: dict[str, np.ndarray],
-                   wanted: list[str]) -> Any:
+                   wanted: list[str], version: str = "1") -> Any:
     """A ``ModelInferResponse`` with every output as raw bytes (what Triton sends)."""
-    resp = pb2.ModelInferResponse(model_name=model, model_version="1", id=req_id)
+    resp = pb2.ModelInferResponse(model_name=model, model_version=version, id=req_id)
     for name in wanted or list(outputs):
         arr = outputs[name]
         resp.outputs.add(name=name, datatype=tensors.datatype_of(arr.dtype), shape=list(arr.shape))
@@ -115,9 +115,12 @@ def _servicer(rt: Any, pb2: Any, pb2_grpc: Any, grpc: Any, repo: Any = None, tok
     async def refuse(context: Any, code: int, message: str) -> None:
         await context.abort(getattr(grpc.StatusCode, _CODES.get(code, "UNKNOWN")), message)
 
-    async def handle_of(name: str, context: Any) -> Any:
+    async def handle_of(name: str, context: Any, version: str = "") -> Any:
+        """The model's handle: ``version`` ("" = the default, the highest ready) or NOT_FOUND."""
+        if version and (not version.isdigit() or int(version) < 1):
+            await refuse(context, 404, f"model version {version!r} is not a version number; versions are integers >= 1")
         try:
-            return rt.model(name)
+            return rt.model(name, int(version) if version else None)
         except KeyError as err:
             await refuse(context, 404, str(err.args[0]))
 
@@ -134,12 +137,13 @@ def _servicer(rt: Any, pb2: Any, pb2_grpc: Any, grpc: Any, repo: Any = None, tok
 
         async def ModelReady(self, request, context):
             try:
-                return pb2.ModelReadyResponse(ready=rt.model(request.name).ready())
+                version = int(request.version) if request.version.isdigit() else None
+                return pb2.ModelReadyResponse(ready=rt.model(request.name, version).ready())
             except KeyError:
                 return pb2.ModelReadyResponse(ready=False)
 
         async def ModelMetadata(self, request, context):
-            meta = (await handle_of(request.name, context)).metadata()
+            meta = (await handle_of(request.name, context, request.version)).metadata()
             resp = pb2.ModelMetadataResponse(name=meta["name"], versions=meta["versions"], platform=meta["platform"])
             for kind in ("inputs", "outputs"):
                 for t in meta[kind]:
@@ -151,18 +155,21 @@ def _servicer(rt: Any, pb2: Any, pb2_grpc: Any, grpc: Any, repo: Any = None, tok
 
             from tritonclient.grpc import model_config_pb2
 
-            doc = model_config(await handle_of(request.name, context))
+            doc = model_config(await handle_of(request.name, context, request.version))
             return pb2.ModelConfigResponse(config=json_format.ParseDict(doc, model_config_pb2.ModelConfig()))
 
         async def ModelStatistics(self, request, context):
             from google.protobuf import json_format
 
-            handles = ([await handle_of(request.name, context)] if request.name
-                       else [rt.model(n) for n in sorted(rt.models)])
+            if request.name and request.version:
+                handles = [await handle_of(request.name, context, request.version)]
+            else:  # a name's every version, or every model's (Triton's)
+                names = [(await handle_of(request.name, context)).name] if request.name else sorted(rt.models)
+                handles = [h for n in names for h in rt.model_versions(n)]
             return json_format.ParseDict(model_statistics(handles), pb2.ModelStatisticsResponse())
 
         async def ModelInfer(self, request, context):
-            handle = await handle_of(request.model_name, context)
+            handle = await handle_of(request.model_name, context, request.model_version)
             meta = handle.metadata()
             known = {o["name"] for o in meta["outputs"]}
             wanted = [o.name for o in request.outputs]
@@ -176,7 +183,7 @@ def _servicer(rt: Any, pb2: Any, pb2_grpc: Any, grpc: Any, repo: Any = None, tok
                 await refuse(context, err.code, err.message)
             except asyncio.TimeoutError:
                 await refuse(context, 504, f"model {handle.name!r} did not answer within {INFER_TIMEOUT_S:g} s")
-            return build_response(pb2, handle.name, request.id, outputs, wanted)
+            return build_response(pb2, handle.name, request.id, outputs, wanted, str(getattr(fut, "model_version", 1)))
 
         # Triton's repository extension (xshare serve --model-repository); load and unload change
         # state, so they need the token as HTTP does ("authorization: Bearer <token>" metadata).

@@ -13,7 +13,8 @@
 
 Every numeric datatype goes in and out (:mod:`.tensors`); BYTES is refused with 400.
 
-(``/versions/{v}`` after the name is accepted and ignored: a model has one version, "1".)
+``/versions/{v}`` after the name routes to that version (404 if it is not deployed); without
+it, to the name's default version, the highest ready one.
 
 Refusals (``{"error": reason}``, as Triton and KServe send them): 400 a wrong input name,
 datatype or shape, a batch over ``max_batch``, data that does not fill its shape, malformed
@@ -70,14 +71,17 @@ def oip_routes(rt: Any, srv: Any = None) -> list[Route]:
 
     @endpoint
     async def models(request: Request) -> Response:
-        name, action = _model_path(request)
+        name, version, action = _model_path(request)
         if name == "stats" and action == "" and "stats" not in rt.models:  # every model's (Triton's route)
             _only(request, "GET")
-            return json_response(200, model_statistics([rt.model(n) for n in sorted(rt.models)]))
-        handle = _handle(rt, name)
+            return json_response(200, model_statistics([h for n in sorted(rt.models) for h in rt.model_versions(n)]))
+        handle = _handle(rt, name, version)
         if action in ("config", "stats"):
             _only(request, "GET")
-            return json_response(200, model_config(handle) if action == "config" else model_statistics([handle]))
+            if action == "config":
+                return json_response(200, model_config(handle))
+            # a name's statistics are its every version's (Triton's), a version's its own
+            return json_response(200, model_statistics([handle] if version is not None else rt.model_versions(name)))
         if action == "":
             if request.method != "GET":
                 raise Reply(405, f"{request.method} is not allowed on {request.url.path}; use GET", {"Allow": "GET"})
@@ -131,18 +135,30 @@ def _only(request: Request, method: str) -> None:
         raise Reply(405, f"{request.method} is not allowed on {request.url.path}; use {method}", {"Allow": method})
 
 
-def _model_path(request: Request) -> tuple[str, str]:
+def _model_path(request: Request) -> tuple[str, int | None, str]:
+    """``(name, version or None, action)`` of ``/v2/models/{name}[/versions/{v}][/action]``."""
     parts = raw_parts(request)[3:]  # after "", "v2", "models"
+    version = None
     if len(parts) >= 3 and parts[1] == "versions":  # /v2/models/{name}/versions/{v}[/action]
+        version = parse_version(parts[2])
         parts = [parts[0], *parts[3:]]
     if not parts or not parts[0] or len(parts) > 2:
         raise Reply(404, f"no such endpoint {request.url.path!r}; try GET /v2/models/{{name}}")
-    return parts[0], (parts[1] if len(parts) == 2 else "")
+    return parts[0], version, (parts[1] if len(parts) == 2 else "")
 
 
-def _handle(rt: Any, name: str) -> Any:
+def parse_version(text: str) -> int | None:
+    """A protocol version string: ``""`` is the default; else a positive integer (404 if not)."""
+    if text == "":
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise Reply(404, f"model version {text!r} is not a version number; versions are integers >= 1")
+    return int(text)
+
+
+def _handle(rt: Any, name: str, version: int | None = None) -> Any:
     try:
-        return rt.model(name)
+        return rt.model(name, version)
     except KeyError as err:
         raise Reply(404, str(err.args[0])) from None
 
@@ -162,7 +178,7 @@ async def _infer(rt: Any, handle: Any, request: Request) -> Response:
     except asyncio.TimeoutError:
         raise Reply(504, f"model {handle.name!r} did not answer within {INFER_TIMEOUT_S:g} s") from None
     body, headers, ctype = await run_in_threadpool(render_infer, handle.name, req_id, outputs, wanted,
-                                                   binary_out)
+                                                   binary_out, str(getattr(fut, "model_version", 1)))
     return Response(body, 200, {"Cache-Control": "no-store", **headers}, ctype)
 
 
@@ -236,7 +252,7 @@ def parse_infer(body: bytes, header_len: str | None, meta: dict[str, Any], sched
 
 
 def render_infer(model: str, req_id: Any, outputs: dict[str, np.ndarray], wanted: list[str] | None,
-                 binary_out: dict[str, bool]) -> tuple[bytes, dict[str, str], str]:
+                 binary_out: dict[str, bool], version: str = "1") -> tuple[bytes, dict[str, str], str]:
     names = wanted if wanted is not None else list(outputs)
     out, blobs = [], []
     for name in names:
@@ -249,7 +265,7 @@ def render_infer(model: str, req_id: Any, outputs: dict[str, np.ndarray], wanted
         else:
             t["data"] = tensors.to_values(arr)  # exact: see tensors.to_values
         out.append(t)
-    doc: dict[str, Any] = {"model_name": model, "model_version": "1", "outputs": out}
+    doc: dict[str, Any] = {"model_name": model, "model_version": version, "outputs": out}
     if req_id is not None:
         doc["id"] = req_id
     head = json.dumps(doc, allow_nan=True).encode()

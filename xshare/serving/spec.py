@@ -47,6 +47,7 @@ class ModelSpec:
     preferred_batch_sizes: tuple[int, ...] = ()  # a batch of one of these rows runs at once (Triton's)
     priority_levels: int = 0       # per-request priority 1 (first) .. priority_levels; 0: one level
     default_priority_level: int = 0  # the level of a request that names none
+    version: int = 1               # several versions of a name may be deployed; the highest ready answers
 
     def datatype(self, input_name: str) -> str:
         return OIP_DATATYPES[self.inputs[input_name][0]]
@@ -57,7 +58,7 @@ def model(predict: Callable[[Any, dict[str, Any]], Any], params: Any,
           max_batch: int = 64, max_delay_ms: float = 0.0, priority: int = 10,
           buckets: tuple[int, ...] | None = None, max_queue: int | None = None,
           preferred_batch_sizes: tuple[int, ...] = (), priority_levels: int = 0,
-          default_priority_level: int | None = None) -> ModelSpec:
+          default_priority_level: int | None = None, version: int = 1) -> ModelSpec:
     """A model spec for ``Runtime.deploy``.
 
     ``inputs``: ``{name: (dtype, shape)}``, the shape of *one* row (the batch axis is added).
@@ -74,7 +75,8 @@ def model(predict: Callable[[Any, dict[str, Any]], Any], params: Any,
     ``priority_levels``: requests may name a ``priority`` from 1 (first) to this (Triton's
     schedule-policy parameter); within a model, a higher level is taken first, arrival order
     within a level. ``default_priority_level``: the level of requests that name none (default:
-    the middle level).
+    the middle level). ``version``: a model name may be deployed at several versions
+    (``/v2/models/{name}/versions/{v}``); a request naming no version goes to the highest ready one.
     """
     if not callable(predict):
         raise TypeError(f"predict={predict!r} must be callable as predict(params, inputs) -> outputs")
@@ -116,12 +118,14 @@ def model(predict: Callable[[Any, dict[str, Any]], Any], params: Any,
         raise ValueError(f"preferred_batch_sizes={preferred_batch_sizes!r} must be row counts in 1..max_batch={max_batch}")
     if not isinstance(priority_levels, int) or isinstance(priority_levels, bool) or priority_levels < 0:
         raise ValueError(f"priority_levels={priority_levels!r} must be an int >= 0 (0: requests name no priority)")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise ValueError(f"version={version!r} must be an int >= 1")
     if default_priority_level is None:
         default_priority_level = (priority_levels + 1) // 2
     if priority_levels and not (isinstance(default_priority_level, int) and 1 <= default_priority_level <= priority_levels):
         raise ValueError(f"default_priority_level={default_priority_level!r} must be in 1..priority_levels={priority_levels}")
     return ModelSpec(predict, params, norm, name, max_batch, float(max_delay_ms), priority, buckets, max_queue,
-                     preferred, priority_levels, default_priority_level if priority_levels else 0)
+                     preferred, priority_levels, default_priority_level if priority_levels else 0, version)
 
 
 __all__ = ["ModelSpec", "model", "InferError", "OIP_DATATYPES"]
