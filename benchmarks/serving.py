@@ -14,6 +14,7 @@ server processes):
 
     python -m benchmarks.serving [--models 8] [--rate 20] [--duration 10] [--smoke] [--out DIR]
 
+``--protocols`` runs gRPC against HTTP instead (benchmarks/serving_protocols.py).
 ``--capacity`` first finds one model's capacity and runs the cases at half of it. ``--count``
 runs no load: it measures memory against the number of models served, k models deployed one by
 one into one service vs m plain server processes (d's), and how many fit in this machine's RAM.
@@ -176,7 +177,7 @@ def plain_server(index: int, port_file: Path) -> None:
             return JSONResponse({"error": r.message}, r.code)
 
     app = Starlette(routes=[Route(f"/v2/models/{spec.name}/infer", infer, methods=["POST"])])
-    sock = socket.socket()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # TCP_NODELAY: see server.py
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)
     server = uvicorn.Server(uvicorn.Config(app, http="h11", lifespan="off", log_config=None, access_log=False))
@@ -588,6 +589,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="instead of the cases: memory per model, k models deployed into one service vs m "
                              "plain single-model server processes, and how many fit in this machine's RAM "
                              "(serving_count.md)")
+    parser.add_argument("--protocols", action="store_true",
+                        help="instead of the cases: gRPC against HTTP on one xshare serve at concurrency 1, 4, 16 "
+                             "(p50, p99, requests/s), beside a plain single-model server (benchmarks/serving_protocols.py)")
+    parser.add_argument("--rounds", type=int, default=2, help="with --protocols: rounds, configurations alternating")
     parser.add_argument("--plain-server", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--port-file", help=argparse.SUPPRESS)
     parser.add_argument("--load", help=argparse.SUPPRESS)
@@ -598,6 +603,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.load is not None:
         print(json.dumps(load([tuple(t) for t in json.loads(args.load)], args.rate, args.duration)))
         return 0
+    if args.protocols:
+        from benchmarks.serving_protocols import run as run_protocols
+
+        return run_protocols(args)
     if args.count:
         return run_count(args)
 

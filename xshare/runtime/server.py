@@ -132,7 +132,10 @@ class StatusServer:
         from .http_app import build_app
 
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        # IPPROTO_TCP named, not 0: asyncio sets TCP_NODELAY only on sockets whose .proto says TCP
+        # (accepted ones inherit it). Without it a response's head and body, two writes, met the
+        # client's delayed ACK under Nagle's algorithm: 40 ms a request on a kept-alive connection.
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         try:  # no SO_REUSEADDR: never share a port with another runtime
             sock.bind((self.host, self.port))
             sock.listen(BACKLOG)
