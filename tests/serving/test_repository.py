@@ -73,6 +73,9 @@ def test_index_load_and_unload_over_http_and_grpc(service):
         assert index["broken"][0] == "UNAVAILABLE" and "has no function 'nope'" in index["broken"][1]
         with pytest.raises(InferenceServerException, match="no entry 'ghost' in the model repository"):
             h.load_model("ghost", headers=auth)
+        with pytest.raises(InferenceServerException, match="load takes no parameter 'config': the entry's "
+                                                           "config.toml is what loads"):
+            h.load_model("small", headers=auth, config='{"max_batch_size": 2}')
 
         over_grpc = g.get_model_repository_index(as_json=True)["models"]
         assert {m["name"]: m["state"] for m in over_grpc} == {"broken": "UNAVAILABLE", "mlp": "READY",
@@ -89,6 +92,9 @@ def test_index_load_and_unload_over_http_and_grpc(service):
 
         # a load reads the entry again: a changed config takes effect (a reload)
         entry(service.repo, "small", 'entry = "tests.serving.factories:make_mlp"\n[params]\nmax_batch = 8\n')
+        with pytest.raises(InferenceServerException, match="load takes no parameter 'config'") as info:
+            g.load_model("small", headers={"authorization": f"Bearer {service.token}"}, config='{"max_batch_size": 2}')
+        assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
         g.load_model("small", headers={"authorization": f"Bearer {service.token}"})
         assert g.get_model_config("small", as_json=True)["config"]["max_batch_size"] == 8
         assert h.is_model_ready("mlp")  # the others served on throughout

@@ -195,7 +195,7 @@ def _servicer(rt: Any, pb2: Any, pb2_grpc: Any, grpc: Any, repo: Any = None, tok
                 resp.models.add(**m)
             return resp
 
-        async def _change(self, what, name, context):
+        async def _change(self, what, name, parameters, context):
             if repo is None:
                 await refuse(context, 501, "no model repository: start xshare serve with --model-repository DIR")
             given = dict(context.invocation_metadata()).get("authorization", "")
@@ -203,17 +203,21 @@ def _servicer(rt: Any, pb2: Any, pb2_grpc: Any, grpc: Any, repo: Any = None, tok
                 await context.abort(grpc.StatusCode.UNAUTHENTICATED,
                                     f"{what}ing a model needs 'authorization: Bearer <token>' metadata; the token is in "
                                     "the service's discovery file (service.json in its run dir)")
+            unknown = [k for k in sorted(parameters) if not (what == "unload" and k == "unload_dependents")]
+            if unknown:
+                await refuse(context, 400, f"{what} takes no parameter {unknown[0]!r}: the entry's config.toml is "
+                                           "what loads; edit it and load again")
             try:
                 await asyncio.get_running_loop().run_in_executor(None, getattr(repo, what), name)
             except InferError as err:
                 await refuse(context, err.code, err.message)
 
         async def RepositoryModelLoad(self, request, context):
-            await self._change("load", request.model_name, context)
+            await self._change("load", request.model_name, request.parameters, context)
             return pb2.RepositoryModelLoadResponse()
 
         async def RepositoryModelUnload(self, request, context):
-            await self._change("unload", request.model_name, context)
+            await self._change("unload", request.model_name, request.parameters, context)
             return pb2.RepositoryModelUnloadResponse()
 
     return Servicer()

@@ -112,7 +112,9 @@ def oip_routes(rt: Any, srv: Any = None) -> list[Route]:
             raise Reply(404, f"no such endpoint {request.url.path!r}; try POST /v2/repository/models/{{name}}/load "
                              "or /unload")
         authorize(srv, request, f"{parts[5]}ing a model")
-        await read_body(request)  # Triton's optional parameters: nothing here uses them
+        doc = parse_json(await read_body(request))
+        given = doc.get("parameters") if isinstance(doc, dict) else None
+        refuse_overrides(sorted(given) if isinstance(given, dict) else [], parts[5])
         try:
             await run_in_threadpool(getattr(repo, parts[5]), parts[4])
         except InferError as err:
@@ -128,6 +130,16 @@ def oip_routes(rt: Any, srv: Any = None) -> list[Route]:
         routes += [Route("/v2/repository/index", repository_index, methods=["POST"]),
                    Route("/v2/repository/models/{rest:path}", repository_model, methods=["POST"])]
     return routes
+
+
+def refuse_overrides(keys: list[str], action: str) -> None:
+    """Triton's load takes a ``config`` (and ``file:`` contents) overriding the repository's; here
+    the entry's config.toml is what loads, so an override is refused rather than ignored.
+    Unload's ``unload_dependents`` means nothing here (no ensembles) and is accepted."""
+    unknown = [k for k in keys if not (action == "unload" and k == "unload_dependents")]
+    if unknown:
+        raise Reply(400, f"{action} takes no parameter {unknown[0]!r}: the entry's config.toml is what loads; edit it "
+                         "and load again")
 
 
 def _only(request: Request, method: str) -> None:
@@ -274,4 +286,4 @@ def render_infer(model: str, req_id: Any, outputs: dict[str, np.ndarray], wanted
     return head + b"".join(blobs), {"Inference-Header-Content-Length": str(len(head))}, "application/octet-stream"
 
 
-__all__ = ["oip_routes", "parse_infer", "render_infer", "INFER_MAX_BODY_BYTES"]
+__all__ = ["refuse_overrides", "oip_routes", "parse_infer", "render_infer", "INFER_MAX_BODY_BYTES"]
