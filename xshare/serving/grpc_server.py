@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from .._errors import XShareError
+from ..runtime.discovery import loopback
 from . import tensors
 from .spec import InferError
 
@@ -177,7 +178,11 @@ def _servicer(rt: Any, pb2: Any, pb2_grpc: Any, grpc: Any, repo: Any = None, tok
                 if name not in known:
                     await refuse(context, 400, f"unknown output {name!r}; model {meta['name']!r} has {sorted(known)}")
             try:
-                fut = handle.submit(parse_request(request, meta), **schedule(request))
+                if request.raw_input_contents:  # raw bytes (tritonclient's way): views, cheap on the loop
+                    inputs = parse_request(request, meta)
+                else:  # typed contents convert value by value: off the event loop
+                    inputs = await asyncio.get_running_loop().run_in_executor(None, parse_request, request, meta)
+                fut = handle.submit(inputs, **schedule(request))
                 outputs = await asyncio.wait_for(asyncio.wrap_future(fut), INFER_TIMEOUT_S)
             except InferError as err:
                 await refuse(context, err.code, err.message)
@@ -272,6 +277,9 @@ class GrpcServer:
         except BaseException:
             self.stop()
             raise
+        if not loopback(self.host):
+            log.warning("gRPC server listens on %s, not loopback: anyone who can reach it may ask the deployed "
+                        "models (loading and unloading still need the token)", self.address)
         log.info("gRPC inference server on %s", self.address)
         return self
 
