@@ -99,6 +99,27 @@ def test_the_same_models_answer_tritonclient_grpc_on_the_grpc_port(service):
         g.close()
 
 
+def test_a_second_version_deploys_beside_the_first_and_undeploys_alone(service):
+    done = service.cli("deploy", "tests.serving.factories:make_mlp", "--set", "max_batch=4", "--version", "2")
+    assert done.returncode == 0 and done.stdout.strip() == "mlp", done.stderr
+    c = httpclient.InferenceServerClient(service.address)
+    try:
+        assert c.get_model_metadata("mlp")["versions"] == ["1", "2"]
+        i = httpclient.InferInput("x", [2, D_IN], "FP32")
+        i.set_data_from_numpy(rows(2))
+        assert c.infer("mlp", [i]).get_response()["model_version"] == "2"  # the highest ready
+        assert c.get_model_config("mlp", model_version="2")["max_batch_size"] == 4
+        assert c.get_model_config("mlp", model_version="1")["max_batch_size"] == 16
+        done = service.cli("undeploy", "mlp", "--version", "2")
+        assert done.returncode == 0 and done.stdout.strip() == "mlp version 2: undeployed", done.stderr
+        assert c.get_model_metadata("mlp")["versions"] == ["1"]
+        np.testing.assert_array_equal(infer_mlp(c, rows(3))["y"], direct_mlp(rows(3))["y"])
+        done = service.cli("undeploy", "mlp", "--version", "2")
+        assert done.returncode == 1 and "model 'mlp' has no version 2 deployed; versions: 1" in done.stderr
+    finally:
+        c.close()
+
+
 def infer_mlp_named(c, name: str, x: np.ndarray) -> np.ndarray:
     i = httpclient.InferInput("x", list(x.shape), "FP32")
     i.set_data_from_numpy(x)
@@ -138,6 +159,7 @@ def test_resume_deploys_again_the_models_that_were_deployed(tmp_path):
         assert first.cli("deploy", "tests.serving.factories:make_mlp", "--name", "kept").returncode == 0
         assert first.cli("deploy", "tests.serving.factories:make_mlp", "--name", "dropped").returncode == 0
         assert first.cli("undeploy", "dropped").returncode == 0
+        assert first.cli("deploy", "tests.serving.factories:make_mlp", "--name", "kept", "--version", "3").returncode == 0
         rc, _, err = first.terminate()
         assert rc == 0, err
     finally:
@@ -147,6 +169,7 @@ def test_resume_deploys_again_the_models_that_were_deployed(tmp_path):
         c = httpclient.InferenceServerClient(second.address)
         try:
             assert c.is_model_ready("mlp") and c.is_model_ready("kept") and not c.is_model_ready("dropped")
+            assert c.get_model_metadata("kept")["versions"] == ["1", "3"]  # every version comes back
             np.testing.assert_array_equal(infer_mlp_named(c, "kept", rows(3)), direct_mlp(rows(3))["y"])
         finally:
             c.close()

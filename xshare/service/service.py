@@ -134,15 +134,18 @@ class Service:
     def deploy(self, request: Any, *, journal: bool = True, skip_deployed: bool = False) -> str:
         """Build a model request (:mod:`.models`) and deploy it; its name. SpecError if the
         entry cannot be built; AdmissionError if it does not fit now."""
+        return self._deploy(request, journal=journal, skip_deployed=skip_deployed).name
+
+    def _deploy(self, request: Any, *, journal: bool = True, skip_deployed: bool = False) -> Any:
         spec = request.build()
         with self._lock:
-            if skip_deployed and spec.name in self.rt.models:
-                return spec.name
+            if skip_deployed and any(h.version == spec.version for h in self.rt.model_versions(spec.name)):
+                return spec
             self.rt.deploy(spec)
             if journal:
-                self._journal_model({"op": "deploy", **request.to_json(), "name": spec.name})
-        log.info("service: deployed model %r", spec.name)
-        return spec.name
+                self._journal_model({"op": "deploy", **request.to_json(), "name": spec.name, "version": spec.version})
+        log.info("service: deployed model %r version %d", spec.name, spec.version)
+        return spec
 
     def _journal_model(self, record: dict[str, Any]) -> None:
         with self.models_journal.open("a") as f:
@@ -156,15 +159,16 @@ class Service:
 
         if not self.models_journal.exists():
             return []
-        live: dict[str, dict[str, Any]] = {}
+        live: dict[tuple[str, int], dict[str, Any]] = {}  # by (name, version); older records have no version: 1
         for line in self.models_journal.read_text().splitlines():
             if line.strip():
                 rec = json.loads(line)
                 if rec.pop("op") == "deploy":
-                    live[rec["name"]] = rec
-                else:
-                    live.pop(rec["name"], None)
-        return [self.deploy(ModelRequest.from_json(rec), journal=False) for rec in live.values()]
+                    live[(rec["name"], rec.get("version") or 1)] = rec
+                else:  # an undeploy: of one version, or (none named) of every version of the name
+                    v = rec.get("version")
+                    live = {k: r for k, r in live.items() if not (k[0] == rec["name"] and v in (None, k[1]))}
+        return list(dict.fromkeys(self.deploy(ModelRequest.from_json(rec), journal=False) for rec in live.values()))
 
     def deploy_payload(self, payload: Any) -> dict[str, Any]:
         """``POST /models``: 400 a malformed request, 422 an entry that cannot be built or a model
@@ -178,25 +182,26 @@ class Service:
         except RequestError as err:
             raise Refused(400, str(err)) from None
         try:
-            name = self.deploy(request)
+            spec = self._deploy(request)
         except (SpecError, AdmissionError) as err:
             raise Refused(422, _one_line(err)) from None
         except XShareError as err:  # a name already deployed, or the runtime is closing
             raise Refused(409, _one_line(err)) from None
-        return {"model": name, "status": "ready", "metadata": self.rt.model(name).metadata()}
+        return {"model": spec.name, "version": spec.version, "status": "ready",
+                "metadata": self.rt.model(spec.name, spec.version).metadata()}
 
-    def undeploy_name(self, name: str) -> dict[str, Any]:
-        """``DELETE /models/{name}``: 404 if no such model is deployed."""
+    def undeploy_name(self, name: str, version: int | None = None) -> dict[str, Any]:
+        """``DELETE /models/{name}[?version=V]``: every version, or one; 404 if none is deployed."""
         from xshare.runtime.server import Refused
 
         try:
             with self._lock:
-                self.rt.undeploy(name)
-                self._journal_model({"op": "undeploy", "name": name})
+                self.rt.undeploy(name, version)
+                self._journal_model({"op": "undeploy", "name": name, **({"version": version} if version else {})})
         except KeyError as err:
             raise Refused(404, str(err.args[0])) from None
-        log.info("service: undeployed model %r", name)
-        return {"model": name, "status": "gone"}
+        log.info("service: undeployed model %r%s", name, f" version {version}" if version else "")
+        return {"model": name, "status": "gone", **({"version": version} if version else {})}
 
     def submit(self, requests: list[JobRequest], *, names: list[str] | None = None,
                journal: bool = True) -> tuple[list[str], list[Any]]:
