@@ -212,10 +212,13 @@ class ModelHandle:
         self._rt._dispatcher.poke()
         return fut
 
-    def infer(self, inputs: dict[str, Any], timeout: float | None = 60.0) -> dict[str, np.ndarray]:
+    def infer(self, inputs: dict[str, Any], timeout: float | None = 60.0, *, priority: int = 0,
+              timeout_us: int | None = None) -> dict[str, np.ndarray]:
         """Run ``predict`` on these rows in a batch with whatever else waits; returns only their outputs.
-        Raises ``InferError`` (its ``code``: 400 bad input, 503 queue full, 500 predict failed)."""
-        return self.submit(inputs).result(timeout)
+        Raises ``InferError`` (its ``code``: 400 bad input, 503 queue full, 500 predict failed,
+        504 waited past ``timeout_us``). ``timeout``: seconds this call waits for the answer;
+        ``priority`` and ``timeout_us``: as :meth:`submit`."""
+        return self.submit(inputs, priority=priority, timeout_us=timeout_us).result(timeout)
 
     def ready(self) -> bool:
         return self._m.state == "ready"
