@@ -229,7 +229,7 @@ def parse_infer(body: bytes, header_len: str | None, meta: dict[str, Any], sched
                 if not isinstance(size, int) or isinstance(size, bool) or size < 0 or offset + size > len(binary):
                     raise Reply(400, f"input {name!r}: binary_data_size {size!r} is not a byte count within the "
                                      f"{len(binary) - offset} bytes of binary data left")
-                arr = tensors.from_bytes(name, datatype, dtype, shape, binary[offset:offset + size])
+                arr = tensors.from_bytes(name, datatype, dtype, shape, memoryview(binary)[offset:offset + size])  # no copy
                 offset += size
             else:
                 if "data" not in t:
