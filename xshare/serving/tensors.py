@@ -74,26 +74,44 @@ def from_values(name: str, datatype: str, dtype: np.dtype, shape: list[int], val
     numpy would wrap 300 into an INT8 or cut 1.5 to an INT32 without a word."""
     count = int(np.prod(shape)) if shape else 1
     try:
-        # As Python objects first: numpy would read [0, 2**64 - 1, 7] as float64 and lose bits.
-        flat = np.asarray(values, dtype=object).ravel()
-    except (ValueError, TypeError) as err:  # ragged lists
-        raise InferError(400, f"input {name!r}: its data are not {datatype} values: {err}") from None
+        raw = np.asarray(values)
+    except (ValueError, TypeError, OverflowError):  # ragged lists, or ints numpy cannot hold: look closer
+        raw = None
+    # Vectorised where numpy read the values exactly: integers as integers, or floats (all of a
+    # float target's values, or whole numbers below 2**53, which float64 holds exactly).
+    if raw is not None and raw.dtype.kind in "biuf" and raw.size == count and (
+            dtype.kind not in "iu" or raw.dtype.kind != "f" or not raw.size or np.abs(raw).max() < 2.0**53):
+        flat = raw.ravel()
+    else:
+        try:
+            # As Python objects: numpy reads [0, 2**64 - 1, 7] as float64 and loses bits.
+            flat = np.asarray(values, dtype=object).ravel()
+        except (ValueError, TypeError) as err:  # ragged lists
+            raise InferError(400, f"input {name!r}: its data are not {datatype} values: {err}") from None
+        numbers = (bool, int, float, np.bool_, np.integer, np.floating)
+        bad = next((v for v in flat if not isinstance(v, numbers)), None)
+        if bad is not None:
+            raise InferError(400, f"input {name!r}: its data are not {datatype} values (got {bad!r:.40})")
     if flat.size != count:
         raise InferError(400, f"input {name!r} has {flat.size} values; shape {list(shape)} needs {count}")
-    numbers = (bool, int, float, np.bool_, np.integer, np.floating)
-    if not all(isinstance(v, numbers) for v in flat):
-        bad = next(v for v in flat if not isinstance(v, numbers))
-        raise InferError(400, f"input {name!r}: its data are not {datatype} values (got {bad!r:.40})")
     if dtype.kind in "iu" and flat.size:
-        if any(isinstance(v, (float, np.floating)) and not float(v).is_integer() for v in flat):
-            raise InferError(400, f"input {name!r}: {datatype} takes whole numbers; its data hold fractions")
-        ints = [int(v) for v in flat]
+        if flat.dtype == object:
+            if any(isinstance(v, (float, np.floating)) and not float(v).is_integer() for v in flat):
+                raise InferError(400, f"input {name!r}: {datatype} takes whole numbers; its data hold fractions")
+            flat = [int(v) for v in flat]
+            low, high = min(flat), max(flat)
+        else:
+            if flat.dtype.kind == "f" and not np.array_equal(flat, np.trunc(flat)):
+                raise InferError(400, f"input {name!r}: {datatype} takes whole numbers; its data hold fractions")
+            low, high = flat.min(), flat.max()
         info = np.iinfo(dtype)
-        if min(ints) < info.min or max(ints) > info.max:
+        if low < info.min or high > info.max:
             raise InferError(400, f"input {name!r}: a value is outside {datatype}'s range {info.min}..{info.max}")
-        arr = np.array(ints, dtype=dtype)
+        arr = np.array(flat, dtype=dtype)
+    elif flat.dtype == object:
+        arr = np.array([bool(v) if dtype.kind == "b" else float(v) for v in flat], dtype=dtype)
     else:
-        arr = np.array([float(v) if dtype.kind != "b" else bool(v) for v in flat], dtype=dtype)
+        arr = flat.astype(dtype)
     return arr.reshape(shape)
 
 
