@@ -191,3 +191,39 @@ def test_a_port_in_use_is_refused_with_the_fix(both):
     port = int(both.grpc_server.address.rsplit(":", 1)[1])
     with pytest.raises(xshare.XShareError, match=rf"cannot listen on 127\.0\.0\.1:{port}; pick another --grpc-port"):
         xshare.Runtime(memory="64MiB", grpc_port=port)
+
+
+def test_the_stream_answers_each_request_by_id_and_a_refusal_alone(both, gclient):
+    # tritonclient's stream (ModelStreamInfer): four requests in one stream; the two rows of
+    # "pair" batch together (max_batch 2, waiting ten minutes for a full batch), so answers
+    # come back when their batches complete, each by its id; a bad request is its own error.
+    both.deploy(mlp_spec(name="pair", max_batch=2, max_delay_ms=600_000, buckets=(2,)))
+    got, errors, done = {}, {}, threading.Event()
+
+    def callback(result, error):
+        if error is not None:
+            errors[len(errors)] = error.message()
+        else:
+            got[result.get_response().id] = np.array(result.as_numpy("y"))
+        if len(got) + len(errors) == 4:
+            done.set()
+
+    xs = {f"r{k}": rows(1, seed=40 + k) for k in range(3)}
+    gclient.start_stream(callback=callback)
+    try:
+        for rid, model in (("r0", "pair"), ("r1", "mlp"), ("r2", "pair")):
+            i = grpcclient.InferInput("x", [1, D_IN], "FP32")
+            i.set_data_from_numpy(xs[rid])
+            gclient.async_stream_infer(model, [i], request_id=rid)
+        bad = grpcclient.InferInput("z", [1, D_IN], "FP32")
+        bad.set_data_from_numpy(rows(1))
+        gclient.async_stream_infer("mlp", [bad], request_id="bad")
+        assert done.wait(60)
+    finally:
+        gclient.stop_stream()
+    assert sorted(got) == ["r0", "r1", "r2"] and list(errors.values()) == [
+        "unknown input 'z'; model 'mlp' takes ['x']"]
+    np.testing.assert_array_equal(got["r1"], direct_mlp(xs["r1"])["y"])
+    pair = np.concatenate([xs["r0"], xs["r2"]])  # one batch of two, in arrival order
+    np.testing.assert_array_equal(np.concatenate([got["r0"], got["r2"]]), direct_mlp(pair, bucket=2)["y"])
+    assert both.model("pair").stats()["batches_total"] == 1

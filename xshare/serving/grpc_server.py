@@ -3,6 +3,7 @@
   ServerLive, ServerReady, ServerMetadata           the server
   ModelReady, ModelMetadata                         a model (NOT_FOUND if none of that name)
   ModelInfer                                        one request: raw_input_contents or typed contents
+  ModelStreamInfer                                  Triton's stream: requests in, answers as they complete
   ModelConfig, ModelStatistics                      Triton's configuration and statistics extensions
   RepositoryIndex, RepositoryModelLoad/Unload       Triton's repository extension (a service's
                                                     --model-repository; load/unload need the token)
@@ -116,14 +117,43 @@ def _servicer(rt: Any, pb2: Any, pb2_grpc: Any, grpc: Any, repo: Any = None, tok
     async def refuse(context: Any, code: int, message: str) -> None:
         await context.abort(getattr(grpc.StatusCode, _CODES.get(code, "UNKNOWN")), message)
 
+    def parse_version(version: str) -> int | None:
+        if version and (not version.isdigit() or int(version) < 1):
+            raise InferError(404, f"model version {version!r} is not a version number; versions are integers >= 1")
+        return int(version) if version else None
+
     async def handle_of(name: str, context: Any, version: str = "") -> Any:
         """The model's handle: ``version`` ("" = the default, the highest ready) or NOT_FOUND."""
-        if version and (not version.isdigit() or int(version) < 1):
-            await refuse(context, 404, f"model version {version!r} is not a version number; versions are integers >= 1")
         try:
-            return rt.model(name, int(version) if version else None)
+            return rt.model(name, parse_version(version))
+        except InferError as err:
+            await refuse(context, err.code, err.message)
         except KeyError as err:
             await refuse(context, 404, str(err.args[0]))
+
+    async def infer(request: Any) -> Any:
+        """One ``ModelInferRequest`` answered; ``InferError`` for a refusal (ModelInfer aborts
+        with its code, a stream sends its message)."""
+        try:
+            handle = rt.model(request.model_name, parse_version(request.model_version))
+        except KeyError as err:
+            raise InferError(404, str(err.args[0])) from None
+        meta = handle.metadata()
+        known = {o["name"] for o in meta["outputs"]}
+        wanted = [o.name for o in request.outputs]
+        for name in wanted:
+            if name not in known:
+                raise InferError(400, f"unknown output {name!r}; model {meta['name']!r} has {sorted(known)}")
+        if request.raw_input_contents:  # raw bytes (tritonclient's way): views, cheap on the loop
+            inputs = parse_request(request, meta)
+        else:  # typed contents convert value by value: off the event loop
+            inputs = await asyncio.get_running_loop().run_in_executor(None, parse_request, request, meta)
+        fut = handle.submit(inputs, **schedule(request))
+        try:
+            outputs = await asyncio.wait_for(asyncio.wrap_future(fut), INFER_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            raise InferError(504, f"model {handle.name!r} did not answer within {INFER_TIMEOUT_S:g} s") from None
+        return build_response(pb2, handle.name, request.id, outputs, wanted, str(getattr(fut, "model_version", 1)))
 
     class Servicer(pb2_grpc.GRPCInferenceServiceServicer):
         async def ServerLive(self, request, context):
@@ -170,25 +200,43 @@ def _servicer(rt: Any, pb2: Any, pb2_grpc: Any, grpc: Any, repo: Any = None, tok
             return json_format.ParseDict(model_statistics(handles), pb2.ModelStatisticsResponse())
 
         async def ModelInfer(self, request, context):
-            handle = await handle_of(request.model_name, context, request.model_version)
-            meta = handle.metadata()
-            known = {o["name"] for o in meta["outputs"]}
-            wanted = [o.name for o in request.outputs]
-            for name in wanted:
-                if name not in known:
-                    await refuse(context, 400, f"unknown output {name!r}; model {meta['name']!r} has {sorted(known)}")
             try:
-                if request.raw_input_contents:  # raw bytes (tritonclient's way): views, cheap on the loop
-                    inputs = parse_request(request, meta)
-                else:  # typed contents convert value by value: off the event loop
-                    inputs = await asyncio.get_running_loop().run_in_executor(None, parse_request, request, meta)
-                fut = handle.submit(inputs, **schedule(request))
-                outputs = await asyncio.wait_for(asyncio.wrap_future(fut), INFER_TIMEOUT_S)
+                return await infer(request)
             except InferError as err:
                 await refuse(context, err.code, err.message)
-            except asyncio.TimeoutError:
-                await refuse(context, 504, f"model {handle.name!r} did not answer within {INFER_TIMEOUT_S:g} s")
-            return build_response(pb2, handle.name, request.id, outputs, wanted, str(getattr(fut, "model_version", 1)))
+
+        async def ModelStreamInfer(self, request_iterator, context):
+            """Triton's bidirectional stream (tritonclient's ``start_stream`` /
+            ``async_stream_infer``): each request is answered as its batch completes, by its
+            ``id``; a refusal is that response's ``error_message``, and the stream goes on."""
+            answers: asyncio.Queue = asyncio.Queue()
+            pending: set = set()
+
+            async def one(req):
+                try:
+                    answers.put_nowait(pb2.ModelStreamInferResponse(infer_response=await infer(req)))
+                except InferError as err:
+                    answers.put_nowait(pb2.ModelStreamInferResponse(
+                        error_message=err.message,
+                        infer_response=pb2.ModelInferResponse(model_name=req.model_name, id=req.id)))
+
+            async def read():
+                async for req in request_iterator:
+                    task = asyncio.ensure_future(one(req))
+                    pending.add(task)
+                    task.add_done_callback(pending.discard)
+                if pending:
+                    await asyncio.wait(set(pending))
+                answers.put_nowait(None)  # the client closed its side and every answer is out
+
+            reader = asyncio.ensure_future(read())
+            try:
+                while (answer := await answers.get()) is not None:
+                    yield answer
+            finally:
+                reader.cancel()
+                for task in list(pending):
+                    task.cancel()
 
         # Triton's repository extension (xshare serve --model-repository); load and unload change
         # state, so they need the token as HTTP does ("authorization: Bearer <token>" metadata).
