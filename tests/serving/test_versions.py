@@ -43,6 +43,7 @@ def test_versions_are_routed_and_the_default_is_the_highest_ready(both):  # noqa
     g = grpcclient.InferenceServerClient(both.grpc_server.address)
     try:
         assert h.get_model_metadata("ver")["versions"] == ["1", "2"]
+        assert h.get_model_config("ver")["version_policy"] == {"specific": {"versions": [1, 2]}}
         assert h.get_model_metadata("ver", model_version="1")["versions"] == ["1"]
         for v, asked in ((1, "1"), (2, "2"), (2, "")):  # "" = the default: the highest
             i = httpclient.InferInput("x", [1, D_IN], "FP32")

@@ -49,7 +49,8 @@ def model_config(handle: Any) -> dict[str, Any]:
               "xshare.priority": str(spec.priority)}
     return {
         "name": meta["name"], "platform": meta["platform"], "backend": "xshare",
-        "version_policy": {"latest": {"num_versions": 1}},
+        # the versions deployed (a name's every one; a version's config, that one): what is served
+        "version_policy": {"specific": {"versions": [int(v) for v in meta["versions"]]}},
         "max_batch_size": spec.max_batch,
         "input": [tensor(t) for t in meta["inputs"]],
         "output": [tensor(t) for t in meta["outputs"]],
