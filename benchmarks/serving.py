@@ -14,6 +14,7 @@ server processes):
 
     python -m benchmarks.serving [--models 8] [--rate 20] [--duration 10] [--smoke] [--out DIR]
 
+``--protocols`` runs gRPC against HTTP instead (benchmarks/serving_protocols.py).
 ``--capacity`` first finds one model's capacity and runs the cases at half of it. ``--count``
 runs no load: it measures memory against the number of models served, k models deployed one by
 one into one service vs m plain server processes (d's), and how many fit in this machine's RAM.
@@ -38,6 +39,9 @@ REPO = Path(__file__).resolve().parents[1]
 MODEL = "xshare.models.inference:make_model"
 WARMUP_S = 2.0  # seconds of unmeasured load before each measurement
 TRAIN = ["xshare.models.mlp:make_job", "--set", "steps=10000000", "--set", "width=64"]
+# The models' batcher delay (--max-delay-ms); None: the library's default, 0 (Triton's: no delay).
+# Results before that default changed were measured with 2.
+MAX_DELAY_MS: float | None = None
 
 
 # ------------------------------------------------------------------------------ servers
@@ -55,8 +59,9 @@ class Service:
         args = [sys.executable, "-m", "xshare", "serve", "--memory", memory, "--run-dir", str(self.run_dir),
                 "--checkpoint-every", "0"]
         for i in range(n):
-            args += ["--model", MODEL, "--set", f"name=m{i}", "--set", f"seed={i}", "--set", "max_batch=16",
-                     "--set", "max_delay_ms=2"]
+            args += ["--model", MODEL, "--set", f"name=m{i}", "--set", f"seed={i}", "--set", "max_batch=16"]
+            if MAX_DELAY_MS is not None:
+                args += ["--set", f"max_delay_ms={MAX_DELAY_MS:g}"]
         env = dict(_env(), XSHARE_RUNTIME_DIR=str(tmp / "discovery"))
         # stderr to a file, never an unread pipe: the service logs a line per deploy, and a full
         # pipe (64 KiB, a few hundred deploys) blocks it mid-write.
@@ -176,7 +181,7 @@ def plain_server(index: int, port_file: Path) -> None:
             return JSONResponse({"error": r.message}, r.code)
 
     app = Starlette(routes=[Route(f"/v2/models/{spec.name}/infer", infer, methods=["POST"])])
-    sock = socket.socket()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # TCP_NODELAY: see server.py
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)
     server = uvicorn.Server(uvicorn.Config(app, http="h11", lifespan="off", log_config=None, access_log=False))
@@ -449,7 +454,8 @@ def count(tmp: Path, ks: tuple[int, ...], ms: tuple[int, ...], bound: int) -> di
             while deployed < k:
                 name = f"m{deployed}"
                 client.call(target, "POST", "/models", {"entry": MODEL, "name": name, "params": {
-                    "seed": deployed, "max_batch": 16, "max_delay_ms": 2}}, timeout=300)
+                    "seed": deployed, "max_batch": 16,
+                    **({"max_delay_ms": MAX_DELAY_MS} if MAX_DELAY_MS is not None else {})}}, timeout=300)
                 new.append(name)
                 deployed += 1
             grow_s = time.perf_counter() - t
@@ -588,16 +594,28 @@ def main(argv: list[str] | None = None) -> int:
                         help="instead of the cases: memory per model, k models deployed into one service vs m "
                              "plain single-model server processes, and how many fit in this machine's RAM "
                              "(serving_count.md)")
+    parser.add_argument("--protocols", action="store_true",
+                        help="instead of the cases: gRPC against HTTP on one xshare serve at concurrency 1, 4, 16 "
+                             "(p50, p99, requests/s), beside a plain single-model server (benchmarks/serving_protocols.py)")
+    parser.add_argument("--max-delay-ms", type=float,
+                        help="the models' batcher delay (default: the library's, 0 = no delay, Triton's default)")
+    parser.add_argument("--rounds", type=int, default=2, help="with --protocols: rounds, configurations alternating")
     parser.add_argument("--plain-server", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--port-file", help=argparse.SUPPRESS)
     parser.add_argument("--load", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    global MAX_DELAY_MS
+    MAX_DELAY_MS = args.max_delay_ms
     if args.plain_server is not None:
         plain_server(args.plain_server, Path(args.port_file))
         return 0
     if args.load is not None:
         print(json.dumps(load([tuple(t) for t in json.loads(args.load)], args.rate, args.duration)))
         return 0
+    if args.protocols:
+        from benchmarks.serving_protocols import run as run_protocols
+
+        return run_protocols(args)
     if args.count:
         return run_count(args)
 
@@ -632,7 +650,8 @@ def main(argv: list[str] | None = None) -> int:
         result_name, Path(args.out), title="Serving: models next to training vs one process per model",
         columns=["case", "models", "answered/s", "p50 ms", "p99 ms", "worst model p99 ms", "errors",
                  "train steps/s", "RSS MiB"],
-        rows=rows, machine_info=machine, config={"models": n, "rate_per_model": rate, "duration_s": duration},
+        rows=rows, machine_info=machine, config={"models": n, "rate_per_model": rate, "duration_s": duration,
+                                                 "max_delay_ms": 0.0 if MAX_DELAY_MS is None else MAX_DELAY_MS},
         data={"cases": data, "capacity_rps": cap, "capacity_steps": cap_steps}, smoke=args.smoke,
         notes=(f"![latency per case]({result_name}.png)\n\n"
                + (f"One model's capacity alone: {cap:g} requests/s (steps: {cap_steps}); every case ran at "

@@ -156,7 +156,7 @@ def make_job(model: str = "mlp", rate: float = 200.0, batch: int = 8, steps: int
 
 # ------------------------------------------------------------------------------ deployable model
 
-def make_model(model: str = "mlp", max_batch: int = 64, max_delay_ms: float = 5.0, priority: int = 10,
+def make_model(model: str = "mlp", max_batch: int = 64, max_delay_ms: float = 0.0, priority: int = 10,
                seed: int = 0, name: str | None = None) -> xshare.ModelSpec:
     """A deployable model (``xshare serve --model xshare.models.inference:make_model``, ``xshare
     deploy``, ``rt.deploy``): ``model`` (mlp or cnn, freshly initialised from ``seed``) answering

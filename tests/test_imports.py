@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-HEAVY = ("jax", "jaxlib", "flax", "optax", "numpy", "xshare.ffi", "optuna", "sklearn")
+HEAVY = ("jax", "jaxlib", "flax", "optax", "numpy", "xshare.ffi", "optuna", "sklearn", "grpc", "tritonclient")
 
 
 def imported(args: list[str], **kwargs) -> tuple[subprocess.CompletedProcess, set[str]]:

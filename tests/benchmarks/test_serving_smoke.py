@@ -34,3 +34,16 @@ def test_serving_smoke_runs_every_case_and_answers_every_request(tmp_path: Path)
         assert c["rss_mib"] > 0, why
     assert cases["c"]["train_steps_per_s"] > 0 and cases["t"]["train_steps_per_s"] > 0
     assert (tmp_path / "serving.md").read_text().startswith("# Serving")
+
+
+@pytest.mark.slow
+def test_serving_protocols_smoke_measures_grpc_http_and_plain_side_by_side(tmp_path: Path) -> None:
+    env = dict(os.environ, JAX_PLATFORMS="cpu",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.serving", "--protocols", "--smoke", "--out",
+                           str(tmp_path)], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:] + proc.stdout[-2000:]
+    doc = json.loads((tmp_path / "serving_protocols.json").read_text())
+    assert {(s["concurrency"], s["server"]) for s in doc["summary"]} == {
+        (c, k) for c in (1, 4) for k in ("grpc", "http", "plain")}
+    assert all(r["errors"] == 0 and r["requests"] > 0 for r in doc["runs"])

@@ -17,7 +17,7 @@ from tests.serving.conftest import D_IN, direct_mlp, infer_mlp, rows
 def service(tmp_path_factory):
     s = Served(tmp_path_factory.mktemp("serving"),
                "--model", "xshare.models.inference:make_model", "--set", "max_batch=8", "--set", "name=zoo",
-               "--model", "tests.serving.factories:make_mlp")
+               "--model", "tests.serving.factories:make_mlp", "--grpc-port", "0")
     yield s
     s.stop()
 
@@ -78,6 +78,48 @@ def test_deploy_and_undeploy_need_the_token_and_work_from_the_cli(service):
         c.close()
 
 
+def test_the_same_models_answer_tritonclient_grpc_on_the_grpc_port(service):
+    import json
+
+    import tritonclient.grpc as grpcclient
+
+    address = json.loads((service.run_dir / "service.json").read_text())["grpc_address"]
+    g = grpcclient.InferenceServerClient(address)
+    try:
+        assert g.is_server_ready() and g.is_model_ready("zoo") and g.is_model_ready("mlp")
+        for n in (1, 3, 16):
+            x = rows(n, seed=30 + n)
+            i = grpcclient.InferInput("x", list(x.shape), "FP32")
+            i.set_data_from_numpy(x)
+            np.testing.assert_array_equal(g.infer("mlp", [i]).as_numpy("y"), direct_mlp(x)["y"])
+        config = g.get_model_config("mlp", as_json=True)["config"]
+        assert config["max_batch_size"] == 16 and config["input"] == [{"name": "x", "data_type": "TYPE_FP32",
+                                                                      "dims": [str(D_IN)]}]
+    finally:
+        g.close()
+
+
+def test_a_second_version_deploys_beside_the_first_and_undeploys_alone(service):
+    done = service.cli("deploy", "tests.serving.factories:make_mlp", "--set", "max_batch=4", "--version", "2")
+    assert done.returncode == 0 and done.stdout.strip() == "mlp", done.stderr
+    c = httpclient.InferenceServerClient(service.address)
+    try:
+        assert c.get_model_metadata("mlp")["versions"] == ["1", "2"]
+        i = httpclient.InferInput("x", [2, D_IN], "FP32")
+        i.set_data_from_numpy(rows(2))
+        assert c.infer("mlp", [i]).get_response()["model_version"] == "2"  # the highest ready
+        assert c.get_model_config("mlp", model_version="2")["max_batch_size"] == 4
+        assert c.get_model_config("mlp", model_version="1")["max_batch_size"] == 16
+        done = service.cli("undeploy", "mlp", "--version", "2")
+        assert done.returncode == 0 and done.stdout.strip() == "mlp version 2: undeployed", done.stderr
+        assert c.get_model_metadata("mlp")["versions"] == ["1"]
+        np.testing.assert_array_equal(infer_mlp(c, rows(3))["y"], direct_mlp(rows(3))["y"])
+        done = service.cli("undeploy", "mlp", "--version", "2")
+        assert done.returncode == 1 and "model 'mlp' has no version 2 deployed; versions: 1" in done.stderr
+    finally:
+        c.close()
+
+
 def infer_mlp_named(c, name: str, x: np.ndarray) -> np.ndarray:
     i = httpclient.InferInput("x", list(x.shape), "FP32")
     i.set_data_from_numpy(x)
@@ -117,6 +159,7 @@ def test_resume_deploys_again_the_models_that_were_deployed(tmp_path):
         assert first.cli("deploy", "tests.serving.factories:make_mlp", "--name", "kept").returncode == 0
         assert first.cli("deploy", "tests.serving.factories:make_mlp", "--name", "dropped").returncode == 0
         assert first.cli("undeploy", "dropped").returncode == 0
+        assert first.cli("deploy", "tests.serving.factories:make_mlp", "--name", "kept", "--version", "3").returncode == 0
         rc, _, err = first.terminate()
         assert rc == 0, err
     finally:
@@ -126,6 +169,7 @@ def test_resume_deploys_again_the_models_that_were_deployed(tmp_path):
         c = httpclient.InferenceServerClient(second.address)
         try:
             assert c.is_model_ready("mlp") and c.is_model_ready("kept") and not c.is_model_ready("dropped")
+            assert c.get_model_metadata("kept")["versions"] == ["1", "3"]  # every version comes back
             np.testing.assert_array_equal(infer_mlp_named(c, "kept", rows(3)), direct_mlp(rows(3))["y"])
         finally:
             c.close()

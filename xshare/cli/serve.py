@@ -21,6 +21,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--address", default="127.0.0.1:0", metavar="HOST:PORT",
                         help="where the control API listens (default 127.0.0.1:0 = loopback, any free port; "
                              "a non-loopback host exposes /status to the network, control still needs the token)")
+    parser.add_argument("--grpc-port", type=int, metavar="PORT",
+                        help="also serve the models over the Open Inference Protocol's gRPC (GRPCInferenceService, "
+                             "as tritonclient.grpc speaks it) on this port of --address's host (0 = any free "
+                             "port); needs pip install 'xshare[grpc]'")
     parser.add_argument("--run-dir", metavar="DIR",
                         help="each job's metrics.jsonl, log.txt and checkpoint go under DIR/<job>/ "
                              "(default runs/{YYYYmmdd-HHMMSS}-serve)")
@@ -33,6 +37,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="deploy a model at start (a factory module:function returning xshare.model(...), "
                              "e.g. xshare.models.inference:make_model); repeat for more. Its --set options "
                              "follow it; served over the Open Inference Protocol at /v2/models/{name}")
+    parser.add_argument("--model-repository", metavar="DIR",
+                        help="serve the models of DIR, one folder per model with its config.toml (entry = "
+                             "\"module:function\", [params]), as tritonserver --model-repository does; Triton's "
+                             "repository API (/v2/repository/index, .../load, .../unload) manages them")
+    parser.add_argument("--model-control-mode", choices=("none", "explicit", "poll"), default="none",
+                        help="none (default): load every entry at start, refuse load/unload; explicit: load the "
+                             "--load-model entries at start, load/unload by API; poll: load every entry and "
+                             "rescan DIR every --repository-poll-secs (Triton's modes)")
+    parser.add_argument("--load-model", action="append", default=[], metavar="NAME",
+                        help="with --model-control-mode explicit: an entry to load at start ('*' = all); repeat")
+    parser.add_argument("--repository-poll-secs", type=float, default=15.0, metavar="S",
+                        help="with --model-control-mode poll: seconds between scans of DIR (default 15)")
     parser.add_argument("--set", dest="model_sets", action=_ModelArg, metavar="K=V",
                         help="a parameter of the --model before it")
 
@@ -60,6 +76,27 @@ def run(args: argparse.Namespace) -> int:
         return _usage(str(err))
     if args.checkpoint_every < 0:
         return _usage(f"--checkpoint-every {args.checkpoint_every} must be >= 0")
+    if args.grpc_port is not None:
+        if not 0 <= args.grpc_port <= 65535:
+            return _usage(f"--grpc-port {args.grpc_port} must be in 0..65535 (0 picks a free port)")
+        from xshare.serving.grpc_server import require_grpc
+        try:  # before anything starts: a missing extra is a usage error naming it
+            require_grpc()
+        except XShareError as err:
+            return _usage(str(err))
+    repository = None
+    if args.model_repository is not None:
+        if not Path(args.model_repository).is_dir():
+            return _usage(f"--model-repository {args.model_repository!r} is not a directory; give the directory "
+                          "that holds one folder per model (each with its config.toml)")
+        if args.load_model and args.model_control_mode != "explicit":
+            return _usage("--load-model needs --model-control-mode explicit")
+        if args.repository_poll_secs <= 0:
+            return _usage(f"--repository-poll-secs {args.repository_poll_secs} must be > 0")
+        repository = {"directory": args.model_repository, "mode": args.model_control_mode,
+                      "load": tuple(args.load_model), "poll_s": args.repository_poll_secs}
+    elif args.load_model or args.model_control_mode != "none":
+        return _usage("--model-control-mode and --load-model need --model-repository DIR")
     if args.resume and not args.run_dir:
         return _usage("--resume needs the --run-dir of the service to continue")
     from xshare.cli.spec import policies
@@ -93,13 +130,16 @@ def run(args: argparse.Namespace) -> int:
     try:
         svc = Service(run_dir=run_dir, memory=memory, policy=args.policy, host=host, port=port,
                       resume=args.resume, checkpoint_every=args.checkpoint_every or None, fuse=args.fuse,
-                      models=models)
+                      models=models, grpc_port=args.grpc_port, repository=repository)
     except (ValueError, XShareError) as err:
         return _usage(f"cannot start the service: {err}")
     print(f"xshare serve: listening on http://{svc.address} (pid {__import__('os').getpid()}), "
           f"run dir {run_dir}, token in {run_dir / ANNOUNCE}"
           + (f", resumed {len(svc.resumed)} job(s)" if args.resume else "")
-          + (f", models {', '.join(svc.deployed)} at /v2/models/NAME" if svc.deployed else ""), flush=True)
+          + (f", models {', '.join(svc.deployed)} at /v2/models/NAME" if svc.deployed else "")
+          + (f", gRPC on {svc.grpc.address}" if svc.grpc else "")
+          + (f", model repository {args.model_repository} ({args.model_control_mode}): "
+             f"{', '.join(sorted(svc.rt.models)) or 'nothing'} loaded" if svc.repository else ""), flush=True)
     while not stop.wait(timeout=0.5):
         pass
     print("xshare serve: stopping: finishing steps in flight and checkpointing every job ...", flush=True)

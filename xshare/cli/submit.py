@@ -42,11 +42,16 @@ def add_deploy_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="K=V",
                         help="a factory parameter (one value each)")
     parser.add_argument("--name", help="the model's name (default: the factory's)")
+    parser.add_argument("--version", type=int, metavar="V",
+                        help="deploy it as version V of its name, beside the versions deployed (default: the "
+                             "factory's, 1); requests naming no version go to the highest ready one")
     _client_arguments(parser)
 
 
 def add_undeploy_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", metavar="NAME", help="the deployed model's name")
+    parser.add_argument("--version", type=int, metavar="V",
+                        help="undeploy only version V (default: every version); the others keep serving")
     _client_arguments(parser)
 
 
@@ -56,7 +61,7 @@ def run_deploy(args: argparse.Namespace) -> int:
     from xshare.service.models import from_cli
 
     try:
-        request = from_cli(args.entry, args.sets, args.name)
+        request = from_cli(args.entry, args.sets, args.name, args.version)
     except SpecError as err:
         return _fail("deploy", str(err), EXIT_USAGE)
     try:
@@ -71,10 +76,10 @@ def run_undeploy(args: argparse.Namespace) -> int:
     from xshare.service import client
 
     try:
-        client.undeploy(client.find(args.address, args.token), args.name)
+        client.undeploy(client.find(args.address, args.token), args.name, args.version)
     except client.ClientError as err:
         return _fail("undeploy", str(err), EXIT_REFUSED if err.code is not None else EXIT_USAGE)
-    print(f"{args.name}: undeployed")
+    print(f"{args.name}: undeployed" if args.version is None else f"{args.name} version {args.version}: undeployed")
     return EXIT_OK
 
 

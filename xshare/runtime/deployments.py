@@ -34,9 +34,10 @@ class Deployments:
                             f"got {type(spec).__name__}")
         if self._closed:
             raise XShareError("this runtime is closed; deploy to a live one")
-        if spec.name in self.models:
-            raise XShareError(f"a model named {spec.name!r} is already deployed; undeploy it first or "
-                              "pick another name")
+        hub = self._dispatcher.serving
+        if hub is not None and (spec.name, spec.version) in hub.models:
+            raise XShareError(f"a model named {spec.name!r} is already deployed at version {spec.version}; undeploy "
+                              "it first, pick another name, or deploy another version (version=N)")
         deployed = Deployed(spec, self.device)  # compiles here, off the dispatcher's thread
         d = self._dispatcher
         with self._lock:
@@ -47,33 +48,57 @@ class Deployments:
             deployed.put_params()
             deployed.state = "ready"  # from here requests are taken
         except BaseException:
-            d.call(d.serving.remove, spec.name)
+            d.call(d.serving.remove, deployed.key)
             raise
-        log.info("xshare: deployed model %r (buckets %s, compiled in %.2f s)", spec.name,
+        log.info("xshare: deployed model %r version %d (buckets %s, compiled in %.2f s)", spec.name, spec.version,
                  list(spec.buckets), deployed.compile_s)
         return ModelHandle(self, deployed)
 
-    def undeploy(self, name: str) -> None:
-        """Stop taking requests for model ``name``, answer those queued, free its memory.
-        ``KeyError`` naming the deployed models if there is none of that name."""
+    def undeploy(self, name: str, version: int | None = None) -> None:
+        """Stop taking requests for model ``name`` (every version, or only ``version``), answer
+        those queued, free its memory; requests to its other versions go on meanwhile.
+        ``KeyError`` naming the deployed models (or versions) if there is none."""
         hub = self._dispatcher.serving
-        if hub is None or name not in hub.models:
+        versions = hub.by_name.get(name, ()) if hub is not None else ()
+        if not versions:
             raise KeyError(f"no model {name!r} is deployed; models: {', '.join(sorted(self.models)) or '(none)'}")
-        self._dispatcher.call(hub.remove, name)
-        log.info("xshare: undeployed model %r", name)
+        gone = [m for m in versions if version is None or m.version == version]
+        if not gone:
+            raise KeyError(f"model {name!r} has no version {version!r} deployed; versions: "
+                           f"{', '.join(str(m.version) for m in reversed(versions))}")
+        for m in gone:
+            self._dispatcher.call(hub.remove, m.key)
+        log.info("xshare: undeployed model %r%s", name, "" if version is None else f" version {version}")
 
     @property
     def models(self) -> dict[str, Any]:
-        """The deployed models' handles, by name."""
+        """The deployed models' handles, by name (each follows its name's default version)."""
         from .hub import ModelHandle
 
         hub = self._dispatcher.serving if self._dispatcher is not None else None
-        return {} if hub is None else {n: ModelHandle(self, m) for n, m in hub.models.items()}
+        return {} if hub is None else {n: ModelHandle(self, v[0], pinned=False) for n, v in hub.by_name.items()}
 
-    def model(self, name: str) -> Any:
-        """A deployed model's handle; ``KeyError`` naming the deployed ones otherwise."""
-        try:
-            return self.models[name]
-        except KeyError:
-            raise KeyError(f"no model {name!r} is deployed; models: {', '.join(sorted(self.models)) or '(none)'}") from None
+    def model(self, name: str, version: int | None = None) -> Any:
+        """A deployed model's handle: ``version``, or (None) whichever version is the name's
+        default at each call, the highest ready one. ``KeyError`` naming what is deployed otherwise."""
+        from .hub import ModelHandle
+
+        hub = self._dispatcher.serving if self._dispatcher is not None else None
+        versions = hub.by_name.get(name, ()) if hub is not None else ()
+        if not versions:
+            raise KeyError(f"no model {name!r} is deployed; models: {', '.join(sorted(self.models)) or '(none)'}")
+        if version is None:
+            return ModelHandle(self, versions[0], pinned=False)
+        m = next((m for m in versions if m.version == version), None)
+        if m is None:
+            raise KeyError(f"model {name!r} has no version {version!r} deployed; versions: "
+                           f"{', '.join(str(m.version) for m in reversed(versions))}")
+        return ModelHandle(self, m)
+
+    def model_versions(self, name: str) -> list[Any]:
+        """Each deployed version of ``name`` (lowest first), as handles of that version."""
+        from .hub import ModelHandle
+
+        hub = self._dispatcher.serving if self._dispatcher is not None else None
+        return [ModelHandle(self, m) for m in reversed(hub.by_name.get(name, ()) if hub is not None else ())]
 

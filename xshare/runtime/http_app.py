@@ -183,7 +183,11 @@ def build_app(srv: Any) -> Starlette:
     @endpoint
     async def undeploy(request: Request) -> Response:
         authorize(srv, request, "undeploying a model")
-        return json_response(200, await run_in_threadpool(srv.undeploy, raw_parts(request)[2]))
+        raw = request.query_params.get("version")
+        if raw is not None and (not raw.isdigit() or int(raw) < 1):
+            raise Reply(400, f"version={raw!r} must be an integer >= 1 (leave it out to undeploy every version)")
+        version = int(raw) if raw is not None else None
+        return json_response(200, await run_in_threadpool(srv.undeploy, raw_parts(request)[2], version))
 
     jobs_methods = ["GET", "POST"] if srv.submit is not None else ["GET"]
     routes = [Route("/status", status, methods=["GET"]),
@@ -196,7 +200,7 @@ def build_app(srv: Any) -> Starlette:
         routes.append(Route("/models/{name}", undeploy, methods=["DELETE"]))
     from ..serving.oip import oip_routes
 
-    routes += oip_routes(rt)
+    routes += oip_routes(rt, srv)
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)

@@ -19,6 +19,7 @@ import numpy as np
 from .._errors import AdmissionError, XShareError
 from .._units import format_bytes
 from ..memory import Admitted
+from ..serving.spec import InferError
 from .models import Deployed
 
 
@@ -27,7 +28,8 @@ class Hub:
 
     def __init__(self, dispatcher: Any):
         self.dispatcher = dispatcher
-        self.models: dict[str, Deployed] = {}       # by name; replaced whole, never mutated in place
+        self.models: dict[tuple[str, int], Deployed] = {}  # by (name, version); replaced whole, never mutated
+        self.by_name: dict[str, tuple[Deployed, ...]] = {}  # each name's versions, highest first (replaced whole)
         self._order: tuple[Deployed, ...] = ()      # by priority, highest first
         # The models with requests waiting. The dispatcher asks between every two training steps
         # whether a batch is due: looking at every deployed model there cost O(models) per step
@@ -52,6 +54,8 @@ class Hub:
             return False
         now = time.monotonic()
         for m in self._waiting():
+            if m.timed:
+                m.expire(now)  # requests past their timeout fail alone, before a batch could take them
             at = m.due_at()
             if at is not None and at <= now:
                 self._run(m)
@@ -62,9 +66,9 @@ class Hub:
         """How long the idle dispatcher may sleep before a waiting batch falls due."""
         now, wait = time.monotonic(), default
         for m in self._waiting():
-            at = m.due_at()
-            if at is not None:
-                wait = min(wait, max(at - now, 0.0))
+            for at in (m.due_at(), m.next_deadline()):
+                if at is not None:
+                    wait = min(wait, max(at - now, 0.0))
         return wait
 
     def _waiting(self) -> list[Deployed]:
@@ -91,10 +95,22 @@ class Hub:
             return
         self._done.submit(m.finish, reqs, outs, None)
 
+    def default(self, name: str) -> Deployed | None:
+        """The version of ``name`` a request naming none goes to: the highest ready one (else the highest)."""
+        versions = self.by_name.get(name, ())
+        return next((m for m in versions if m.state == "ready"), versions[0] if versions else None)
+
+    def _index(self) -> None:
+        by_name: dict[str, list[Deployed]] = {}
+        for m in self.models.values():
+            by_name.setdefault(m.name, []).append(m)
+        self.by_name = {n: tuple(sorted(v, key=lambda m: -m.version)) for n, v in by_name.items()}
+        self._order = tuple(sorted(self.models.values(), key=lambda x: -x.spec.priority))
+
     def add(self, m: Deployed) -> None:
-        if m.name in self.models:
-            raise XShareError(f"a model named {m.name!r} is already deployed; undeploy it first or pick "
-                              "another name")
+        if m.key in self.models:
+            raise XShareError(f"a model named {m.name!r} is already deployed at version {m.version}; undeploy it "
+                              "first, pick another name, or deploy another version (version=N)")
         arena = self.dispatcher.arena
         held = f"the arena holds {format_bytes(arena.capacity)} ({self.dispatcher.capacity_source or 'its budget'})"
         need = m.persistent_bytes + m.ephemeral_bytes
@@ -115,19 +131,19 @@ class Hub:
                 "or refused, never queued: undeploy a model or wait for training jobs to end, then deploy it "
                 "again; or lower its max_batch, or give the runtime more memory (--memory)")
         m.lane = placed.lane_id  # stays "loading" (taking no requests) until its params are placed
-        self.models = {**self.models, m.name: m}
-        self._order = tuple(sorted(self.models.values(), key=lambda x: -x.spec.priority))
+        self.models = {**self.models, m.key: m}
+        self._index()
 
-    def remove(self, name: str) -> Deployed:
-        m = self.models.get(name)
+    def remove(self, key: tuple[str, int]) -> Deployed:
+        m = self.models.get(key)
         if m is None:
-            raise KeyError(name)
+            raise KeyError(key)
         with m._lock:
             m.state = "leaving"  # no new requests; those already queued are answered
         while m.queue:
             self._run(m)
-        self.models = {k: v for k, v in self.models.items() if k != name}
-        self._order = tuple(x for x in self._order if x is not m)
+        self.models = {k: v for k, v in self.models.items() if k != key}
+        self._index()
         self.dispatcher._admitted(self.dispatcher.arena.release(m.arena_id))
         m.state = "gone"
         return m
@@ -149,35 +165,82 @@ class Hub:
 
 
 class ModelHandle:
-    """A deployed model, for in-process callers (``rt.deploy(spec)``)."""
+    """A deployed model, for in-process callers (``rt.deploy(spec)``, ``rt.model(name[, version])``).
 
-    def __init__(self, rt: Any, deployed: Deployed):
-        self._rt, self._m = rt, deployed
+    A handle from ``deploy`` or ``rt.model(name, version)`` is that version; one from
+    ``rt.model(name)`` follows the name's default version (the highest ready one) at each call,
+    so its requests go on to the next version down while the highest is undeployed."""
+
+    def __init__(self, rt: Any, deployed: Deployed, *, pinned: bool = True):
+        self._rt, self._d, self._pinned = rt, deployed, pinned
+
+    @property
+    def _m(self) -> Deployed:
+        if self._pinned:
+            return self._d
+        hub = self._rt._dispatcher.serving
+        m = hub.default(self._d.name) if hub is not None else None
+        return m if m is not None else self._d
 
     @property
     def name(self) -> str:
-        return self._m.name
+        return self._d.name
 
-    def submit(self, inputs: dict[str, Any]) -> Future:
-        """Queue one request; its future holds ``{output: rows}`` (or ``InferError``)."""
-        fut = self._m.enqueue(inputs)
-        self._rt._dispatcher.serving.queued(self._m)
+    @property
+    def version(self) -> int:
+        return self._m.version
+
+    def submit(self, inputs: dict[str, Any], *, priority: int = 0, timeout_us: int | None = None) -> Future:
+        """Queue one request; its future holds ``{output: rows}`` (or ``InferError``).
+        ``priority``: its level, 1 first .. the model's ``priority_levels`` (0: the model's
+        default); ``timeout_us``: if its batch has not started within this many microseconds it
+        fails alone (``InferError`` 504) and nothing else is affected. Both are Triton's
+        schedule-policy request parameters, which HTTP and gRPC requests carry."""
+        m = self._m
+        try:
+            fut = m.enqueue(inputs, priority=priority, timeout_us=timeout_us)
+        except InferError as err:
+            # The default version began leaving between the look-up and the enqueue: the next one
+            # down answers (an undeploy of one version loses no request to the others).
+            again = self._m
+            if self._pinned or err.code != 503 or m.state == "ready" or again is m:
+                raise
+            m = again
+            fut = m.enqueue(inputs, priority=priority, timeout_us=timeout_us)
+        fut.model_version = m.version  # the version that answers (a default handle's may change)
+        self._rt._dispatcher.serving.queued(m)
         self._rt._dispatcher.poke()
         return fut
 
-    def infer(self, inputs: dict[str, Any], timeout: float | None = 60.0) -> dict[str, np.ndarray]:
+    def infer(self, inputs: dict[str, Any], timeout: float | None = 60.0, *, priority: int = 0,
+              timeout_us: int | None = None) -> dict[str, np.ndarray]:
         """Run ``predict`` on these rows in a batch with whatever else waits; returns only their outputs.
-        Raises ``InferError`` (its ``code``: 400 bad input, 503 queue full, 500 predict failed)."""
-        return self.submit(inputs).result(timeout)
+        Raises ``InferError`` (its ``code``: 400 bad input, 503 queue full, 500 predict failed,
+        504 waited past ``timeout_us``). ``timeout``: seconds this call waits for the answer;
+        ``priority`` and ``timeout_us``: as :meth:`submit`."""
+        return self.submit(inputs, priority=priority, timeout_us=timeout_us).result(timeout)
 
     def ready(self) -> bool:
         return self._m.state == "ready"
 
     def metadata(self) -> dict[str, Any]:
-        return self._m.metadata()
+        meta = self._m.metadata()
+        hub = self._rt._dispatcher.serving
+        if not self._pinned and hub is not None:  # the name's metadata lists every deployed version
+            meta["versions"] = [str(m.version) for m in reversed(hub.by_name.get(self.name, ()))] or meta["versions"]
+        return meta
 
     def stats(self) -> dict[str, Any]:
         return self._m.stats()
 
+    @property
+    def spec(self) -> Any:
+        """The ``xshare.model(...)`` spec it was deployed from."""
+        return self._m.spec
+
+    def triton_stats(self) -> dict[str, Any]:
+        """The counters of Triton's statistics extension (``xshare.serving.extensions``)."""
+        return self._m.triton_stats()
+
     def __repr__(self) -> str:
-        return f"ModelHandle({self.name!r}, {self._m.state})"
+        return f"ModelHandle({self.name!r}, version {self.version}, {self._m.state})"

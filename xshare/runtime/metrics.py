@@ -82,11 +82,11 @@ def families(doc: Mapping[str, Any]) -> Iterator[Metric]:
 
 
 def _model_families(models: list[Mapping[str, Any]]) -> Iterator[Metric]:
-    """Deployed models (labelled ``model``): request counters, queue, batch fill, latency."""
-    by = ("model",)
+    """Deployed models (labelled ``model`` and ``version``): request counters, queue, batch fill, latency."""
+    by = ("model", "version")
 
     def rows(field: str) -> list[tuple[tuple[Any, ...], Any]]:
-        return [((m["name"],), m[field]) for m in models]
+        return [((m["name"], str(m.get("version", 1))), m[field]) for m in models]
 
     for field, help_ in (("requests", "Requests the model answered."),
                          ("errors", "Requests answered 500 because their batch's predict failed."),
@@ -106,7 +106,7 @@ def _model_families(models: list[Mapping[str, Any]]) -> Iterator[Metric]:
         for bound, count in zip(list(h["bounds_s"]) + [float("inf")], h["counts"]):
             cumulative += count
             buckets.append(("+Inf" if bound == float("inf") else repr(float(bound)), cumulative))
-        family.add_metric([m["name"]], buckets, float(h["sum_s"]))
+        family.add_metric([m["name"], str(m.get("version", 1))], buckets, float(h["sum_s"]))
     yield family
 
 

@@ -21,7 +21,6 @@ import time
 import weakref
 from collections import deque
 from concurrent.futures import Future, InvalidStateError
-from dataclasses import dataclass, field
 from typing import Any
 
 import jax
@@ -29,6 +28,7 @@ import numpy as np
 
 from .._errors import XShareError
 from ..serving.spec import OIP_DATATYPES, InferError, ModelSpec
+from .batching import InferStats, Request, insert_at, next_deadline, oldest_arrival, preferred_rows
 from .causes import short_error
 
 log = logging.getLogger("xshare.serving")
@@ -38,20 +38,14 @@ LATENCY_BOUNDS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5
 _RECENT = 2048  # completed requests kept for p50/p99 and requests/s
 
 
-@dataclass
-class Request:
-    inputs: dict[str, np.ndarray]
-    rows: int
-    t_arrival: float
-    future: Future = field(default_factory=Future)
-
-
 class Deployed:
     """One deployed model: its executables, resident params, queue and counters."""
 
     def __init__(self, spec: ModelSpec, device: Any):
         self.spec, self.name, self.device = spec, spec.name, device
-        self.arena_id = f"model:{spec.name}"
+        self.version = spec.version
+        self.key = (spec.name, spec.version)  # the hub's key: a name may be deployed at several versions
+        self.arena_id = f"model:{spec.name}" + (f"/{spec.version}" if spec.version != 1 else "")
         self.lane: int | None = None
         self.state = "loading"       # loading -> ready -> leaving -> gone
         self._lock = threading.Lock()  # guards the queue and its row count (held for O(1) work)
@@ -64,11 +58,21 @@ class Deployed:
         self.latency_sum_s = 0.0
         self.recent: deque[tuple[float, float]] = deque(maxlen=_RECENT)  # (t_done, latency_s)
         self.compile_s = 0.0
+        self.infer_stats = InferStats()  # Triton's statistics extension
+        self.timed = 0  # requests waiting with a timeout: the dispatcher looks for expired ones only then
         self._compile()
 
     # ------------------------------------------------------------------ build (caller's thread)
     def _compile(self) -> None:
         spec = self.spec
+        wide = [k for k, (dtype, _) in spec.inputs.items() if np.dtype(dtype).itemsize == 8]
+        if wide and not jax.config.jax_enable_x64:
+            # JAX would quietly compute them in 32 bits and answer INT32/FP32 to an INT64/FP64 request.
+            k = wide[0]
+            raise XShareError(f"model {spec.name!r}: input {k!r} is {spec.inputs[k][0]}, but JAX runs with 64-bit "
+                              "types off and would compute it in 32 bits; set JAX_ENABLE_X64=1 (or "
+                              "jax.config.update('jax_enable_x64', True)) before the runtime starts, or declare "
+                              "a 32-bit type")
         t = time.perf_counter()
         fn = jax.jit(_throwaway(spec.predict))
         params_avals = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), _dtype_of(a)), spec.params)
@@ -131,9 +135,32 @@ class Deployed:
                                   "per request (max_batch): split it")
         return arrays, rows
 
-    def enqueue(self, inputs: Any) -> Future:
+    def level(self, priority: Any) -> int:
+        """A request's priority level (Triton's ``priority`` parameter: 1 first, 0 = the default)."""
+        spec = self.spec
+        if not isinstance(priority, int) or isinstance(priority, bool) or priority < 0:
+            raise InferError(400, f"priority {priority!r} must be an int >= 0 (1 is the highest, 0 the default)")
+        if not spec.priority_levels:
+            if priority:
+                raise InferError(400, f"model {self.name!r} has no priority levels, so a request's priority "
+                                      f"{priority} means nothing; send none, or deploy it with priority_levels=N")
+            return 0
+        if priority > spec.priority_levels:
+            raise InferError(400, f"priority {priority} is not a level of model {self.name!r}: 1 (highest) .. "
+                                  f"{spec.priority_levels}, or 0 for its default ({spec.default_priority_level})")
+        return priority or spec.default_priority_level
+
+    def enqueue(self, inputs: Any, *, priority: Any = 0, timeout_us: Any = None) -> Future:
+        """Queue one request; ``priority`` (its level) and ``timeout_us`` (how long it may wait
+        for its batch to start, in microseconds) are Triton's schedule-policy parameters."""
         arrays, rows = self.check(inputs)
-        req = Request(arrays, rows, time.monotonic())
+        level = self.level(priority)
+        if timeout_us is not None and (not isinstance(timeout_us, int) or isinstance(timeout_us, bool)
+                                       or timeout_us < 0):
+            raise InferError(400, f"timeout {timeout_us!r} must be an int >= 0 (microseconds; 0 = none)")
+        now = time.monotonic()
+        req = Request(arrays, rows, now, level=level, timeout_us=timeout_us or None,
+                      deadline=now + timeout_us / 1e6 if timeout_us else None)
         with self._lock:
             if self.state != "ready":
                 raise InferError(503, f"model {self.name!r} is {self.state}; it takes no requests",
@@ -142,37 +169,71 @@ class Deployed:
                 self.rejected_total += 1
                 raise InferError(503, f"model {self.name!r} has {self.queued_rows} rows waiting (max_queue="
                                       f"{self.spec.max_queue}); retry later", retry_after_s=1.0)
-            self.queue.append(req)
+            at = insert_at(self.queue, level)
+            if at is None:
+                self.queue.append(req)
+            else:
+                self.queue.insert(at, req)
             self.queued_rows += rows
+            self.timed += req.deadline is not None
         return req.future
 
     # ------------------------------------------------------------------ dispatcher thread
     def due_at(self) -> float | None:
-        """When the waiting requests must run (monotonic seconds; now if a full batch waits)."""
-        q = self.queue
+        """When the waiting requests must run (monotonic seconds; 0 if a full batch or one of a
+        preferred size waits; with ``max_delay_ms=0``, the default, as soon as one arrives)."""
+        q, spec = self.queue, self.spec
         if not q:
             return None
-        if self.queued_rows >= self.spec.max_batch:
+        if self.queued_rows >= spec.max_batch or preferred_rows(q, spec.preferred_batch_sizes):
             return 0.0
-        try:
-            return q[0].t_arrival + self.spec.max_delay_ms / 1e3
-        except IndexError:  # taken in between
-            return None
+        oldest = oldest_arrival(q, bool(spec.priority_levels))
+        return None if oldest is None else oldest + spec.max_delay_ms / 1e3
 
     def take(self) -> tuple[list[Request], int]:
-        """The oldest requests that fit in ``max_batch`` rows, and their row count."""
+        """The first requests (by level, then arrival) that fit in ``max_batch`` rows, and their
+        row count; fewer if they make a preferred batch size and not a full batch."""
         taken, rows = [], 0
+        spec = self.spec
         with self._lock:
-            while self.queue and rows + self.queue[0].rows <= self.spec.max_batch:
+            limit = spec.max_batch
+            if self.queued_rows < limit:
+                limit = preferred_rows(self.queue, spec.preferred_batch_sizes) or limit
+            while self.queue and rows + self.queue[0].rows <= limit:
                 req = self.queue.popleft()
                 taken.append(req)
                 rows += req.rows
+                self.timed -= req.deadline is not None
             self.queued_rows -= rows
         return taken, rows
+
+    def next_deadline(self) -> float | None:
+        return next_deadline(self.queue) if self.timed else None
+
+    def expire(self, now: float) -> int:
+        """Fail the requests that waited past their timeout, each alone (its batch has not
+        started; the others wait on); how many."""
+        if not self.timed:
+            return 0
+        with self._lock:
+            late = [r for r in self.queue if r.deadline is not None and r.deadline <= now]
+            if not late:
+                return 0
+            gone = set(map(id, late))
+            self.queue = deque(r for r in self.queue if id(r) not in gone)
+            self.queued_rows -= sum(r.rows for r in late)
+            self.timed -= len(late)
+        self.infer_stats.failed(late, now)
+        for r in late:
+            _settle(r.future, exc=InferError(504, f"the request waited {(now - r.t_arrival) * 1e3:.1f} ms in the "
+                                                  f"queue of model {self.name!r}, past its timeout of {r.timeout_us} "
+                                                  "us; it did not run"))
+        return len(late)
 
     def launch(self, reqs: list[Request], rows: int) -> Any:
         """Run the smallest bucket holding ``rows``: zero padding after the requests' rows."""
         spec = self.spec
+        t_start = time.monotonic()
         bucket = spec.buckets[bisect.bisect_left(spec.buckets, rows)]
         batch = {}
         for k, (dtype, shape) in spec.inputs.items():
@@ -183,6 +244,9 @@ class Deployed:
         self.batches_total += 1
         self.rows_total += rows
         self.padded_rows_total += bucket
+        t_ready = time.monotonic()
+        for r in reqs:
+            r.t_start, r.t_ready = t_start, t_ready
         return self.executables[bucket](self.params, batch)
 
     # ------------------------------------------------------------------ completion thread
@@ -195,24 +259,35 @@ class Deployed:
         now = time.monotonic()
         if error is not None:
             self.errors_total += len(reqs)
+            self.infer_stats.failed(reqs, now)
             log.warning("model %r: a batch of %d request(s) failed: %s", self.name, len(reqs), short_error(error))
             err = InferError(500, f"model {self.name!r}: predict failed for this batch: {short_error(error)}")
             for r in reqs:
                 _settle(r.future, exc=err)
             return
         start = 0
+        answers = []
         for r in reqs:
             # A copy of this request's rows only: the padding and the other requests' rows stay here.
-            _settle(r.future, {k: v[start:start + r.rows].copy() for k, v in host.items()})
+            answers.append({k: v[start:start + r.rows].copy() for k, v in host.items()})
             start += r.rows
+        t_out = time.monotonic()
+        for r, answer in zip(reqs, answers):
+            _settle(r.future, answer)
             latency = now - r.t_arrival
             self.latency_counts[bisect.bisect_left(LATENCY_BOUNDS_S, latency)] += 1
             self.latency_sum_s += latency
             self.recent.append((now, latency))
         self.requests_total += len(reqs)
+        self.infer_stats.done(reqs, now, t_out)
+
+    def triton_stats(self) -> dict[str, Any]:
+        """The counters behind Triton's statistics document (:mod:`xshare.serving.extensions`)."""
+        return self.infer_stats.snapshot()
 
     def fail_queued(self, message: str) -> None:
         reqs, _ = self.take_all()
+        self.infer_stats.failed(reqs, time.monotonic())
         for r in reqs:
             _settle(r.future, exc=InferError(503, message, retry_after_s=1.0))
 
@@ -220,12 +295,13 @@ class Deployed:
         with self._lock:
             reqs, self.queue = list(self.queue), deque()
             rows, self.queued_rows = self.queued_rows, 0
+            self.timed = 0
         return reqs, rows
 
     # ------------------------------------------------------------------ reading
     def metadata(self) -> dict[str, Any]:
         """The Open Inference Protocol's model metadata (shapes with -1 for the batch)."""
-        return {"name": self.name, "versions": ["1"], "platform": "xshare-jax",
+        return {"name": self.name, "versions": [str(self.version)], "platform": "xshare-jax",
                 "inputs": [{"name": k, "datatype": OIP_DATATYPES[d], "shape": [-1, *s]}
                            for k, (d, s) in self.spec.inputs.items()],
                 "outputs": [{"name": k, "datatype": OIP_DATATYPES.get(d, d.upper()), "shape": [-1, *s]}
@@ -238,7 +314,7 @@ class Deployed:
         window = [t for t, _ in recent if now - t <= 10.0]
         span = min(10.0, max(now - window[0], 1e-9)) if window else None
         return {
-            "name": self.name, "status": self.state, "priority": self.spec.priority,
+            "name": self.name, "version": self.version, "status": self.state, "priority": self.spec.priority,
             "max_batch": self.spec.max_batch, "max_delay_ms": self.spec.max_delay_ms,
             "buckets": list(self.spec.buckets), "lane": self.lane,
             "persistent_bytes": self.persistent_bytes, "ephemeral_bytes": self.ephemeral_bytes,

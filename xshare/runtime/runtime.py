@@ -77,6 +77,9 @@ class Runtime(Preparation, Deployments, Controls):
       status_port: serve ``/status`` and ``/metrics`` over HTTP on this port (0 picks a free one)
         for ``xshare top`` and Prometheus; None serves nothing. Binds ``status_host``
         (loopback unless you ask otherwise).
+      grpc_port: also serve the deployed models over the Open Inference Protocol's gRPC
+        (``GRPCInferenceService``) on this port of ``status_host`` (0 picks a free one; see
+        ``rt.grpc_server.address``); None serves none. Needs ``pip install 'xshare[grpc]'``.
       slots: how many jobs ``srtf`` runs at once (the shortest, taking turns).
       max_lanes: at most this many lanes (None: as many as memory allows); jobs then share lanes.
       checkpoint_dir: where each job's ``{name}/checkpoint.msgpack`` goes (default: ``log_dir``).
@@ -113,7 +116,7 @@ class Runtime(Preparation, Deployments, Controls):
     def __init__(self, policy: str | Any = "pack", memory: int | str | None = None, *,
                  quantum: int = 1, log_dir: str | os.PathLike | None = None, prefetch: int = 2,
                  dispatch_ahead: int | None = None, fences: bool | None = None, device: Any = None,
-                 status_port: int | None = None, status_host: str = "127.0.0.1",
+                 status_port: int | None = None, status_host: str = "127.0.0.1", grpc_port: int | None = None,
                  checkpoint_dir: str | os.PathLike | None = None, checkpoint_every: int | None = None,
                  resume: bool = False, max_lanes: int | None = None, slots: int = 1,
                  compile_workers: int = 1, fuse: bool = False, group_capacity: int | None = None,
@@ -196,12 +199,16 @@ class Runtime(Preparation, Deployments, Controls):
         # K-step programs (tiers.py) compile on a thread of their own: a job's first program
         # never queues behind another job's promotion, and close() need not wait for them.
         self._tier_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="xshare-tiers")
-        self.status_server = None
-        if status_port is not None:
+        self.status_server = self.grpc_server = None
+        if status_port is not None or grpc_port is not None:
+            from ..serving.grpc_server import GrpcServer
             from .server import StatusServer
-            self.status_server = StatusServer(self, host=status_host, port=status_port)
             try:
-                self.status_server.start()
+                if status_port is not None:
+                    self.status_server = StatusServer(self, host=status_host, port=status_port)
+                    self.status_server.start()
+                if grpc_port is not None:
+                    self.grpc_server = GrpcServer(self, host=status_host, port=grpc_port).start()
             except BaseException:
                 self.close()
                 raise
@@ -377,6 +384,8 @@ class Runtime(Preparation, Deployments, Controls):
             self._ring = self.timeline_.ring = None
         if self.status_server is not None:
             self.status_server.stop()
+        if self.grpc_server is not None:
+            self.grpc_server.stop()
         with self._ended:
             self._ended.notify_all()
 

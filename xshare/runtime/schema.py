@@ -131,6 +131,7 @@ STATUS_SCHEMA: dict[str, Any] = {
     })},
         "models": {"type": "array", "items": _obj({   # deployed models (Runtime.deploy)
             "name": {"type": "string"},
+            "version": {"type": "integer", "minimum": 1},
             "status": {"enum": ["loading", "ready", "leaving", "gone"]},
             "priority": {"type": "integer"},
             "max_batch": {"type": "integer", "minimum": 1},

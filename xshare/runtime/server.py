@@ -88,12 +88,15 @@ class StatusServer:
 
     def __init__(self, rt: Any, host: str = "127.0.0.1", port: int = 0, *,
                  directory: str | os.PathLike | None = None, submit: Any = None,
-                 announce: dict[str, Any] | None = None, deploy: Any = None, undeploy: Any = None):
+                 announce: dict[str, Any] | None = None, deploy: Any = None, undeploy: Any = None,
+                 repository: Any = None):
         """``submit``: ``callable(payload) -> dict`` behind ``POST /jobs`` (``xshare serve``
         passes one; a plain runtime has none and answers 405); it raises :class:`Refused`.
         ``deploy``/``undeploy``: ``callable(payload) -> dict`` / ``callable(name) -> dict``
         behind ``POST /models`` and ``DELETE /models/{name}`` (a service's; same rules).
-        ``announce``: extra fields for the discovery record (e.g. ``{"kind": "service"}``)."""
+        ``announce``: extra fields for the discovery record (e.g. ``{"kind": "service"}``).
+        ``repository``: a model repository (``xshare.serving.repository``) behind Triton's
+        ``/v2/repository`` routes."""
         if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
             raise ValueError(f"status_port={port!r} must be an int in 0..65535 (0 picks a free port)")
         self.rt = rt
@@ -102,6 +105,7 @@ class StatusServer:
         self.token = secrets.token_urlsafe(32)
         self.submit = submit
         self.deploy, self.undeploy = deploy, undeploy
+        self.repository = repository
         self.extra = dict(announce or {})
         self._directory = Path(directory) if directory is not None else None
         self.socket: socket.socket | None = None
@@ -128,7 +132,10 @@ class StatusServer:
         from .http_app import build_app
 
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        # IPPROTO_TCP named, not 0: asyncio sets TCP_NODELAY only on sockets whose .proto says TCP
+        # (accepted ones inherit it). Without it a response's head and body, two writes, met the
+        # client's delayed ACK under Nagle's algorithm: 40 ms a request on a kept-alive connection.
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         try:  # no SO_REUSEADDR: never share a port with another runtime
             sock.bind((self.host, self.port))
             sock.listen(BACKLOG)

@@ -104,8 +104,10 @@ def deploy(svc: Service, request: Any) -> dict[str, Any]:
     return call(svc, "POST", "/models", request.to_json())
 
 
-def undeploy(svc: Service, name: str) -> dict[str, Any]:
-    return call(svc, "DELETE", f"/models/{quote(name, safe='')}", timeout=60.0)
+def undeploy(svc: Service, name: str, version: int | None = None) -> dict[str, Any]:
+    """Undeploy model ``name``: every version, or only ``version``."""
+    query = f"?version={int(version)}" if version is not None else ""
+    return call(svc, "DELETE", f"/models/{quote(name, safe='')}{query}", timeout=60.0)
 
 
 __all__ = ["ClientError", "Service", "find", "call", "submit", "jobs", "control", "deploy", "undeploy"]

@@ -1,4 +1,4 @@
-"""Models as plain data: ``{"entry": "module:function", "params": {...}, "name": N}``, what
+"""Models as plain data: ``{"entry": "module:function", "params": {...}, "name": N, "version": V}``, what
 ``xshare serve --model``, ``xshare deploy`` and ``POST /models`` carry instead of a closure.
 
 The entry is a model factory (``xshare.models.inference:make_model``) returning an
@@ -15,7 +15,7 @@ from typing import Any, Mapping
 from .._errors import SpecError
 from .jobs import RequestError, _check_json_value
 
-FIELDS = ("entry", "params", "name")
+FIELDS = ("entry", "params", "name", "version")
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,7 @@ class ModelRequest:
     entry: str
     params: Mapping[str, Any] = field(default_factory=dict)
     name: str | None = None
+    version: int | None = None  # None: the factory's (1 unless it says otherwise)
 
     def __post_init__(self) -> None:
         e = self.entry
@@ -35,10 +36,14 @@ class ModelRequest:
         _check_json_value(dict(self.params), "model: params")
         if self.name is not None and not isinstance(self.name, str):
             raise RequestError(f"model: name = {self.name!r} must be a string")
+        if self.version is not None and (not isinstance(self.version, int) or isinstance(self.version, bool)
+                                         or self.version < 1):
+            raise RequestError(f"model: version = {self.version!r} must be an int >= 1")
         object.__setattr__(self, "params", dict(self.params))
 
     def to_json(self) -> dict[str, Any]:
-        return {"entry": self.entry, "params": dict(self.params), **({"name": self.name} if self.name else {})}
+        return {"entry": self.entry, "params": dict(self.params), **({"name": self.name} if self.name else {}),
+                **({"version": self.version} if self.version is not None else {})}
 
     @classmethod
     def from_json(cls, data: Any) -> "ModelRequest":
@@ -72,10 +77,12 @@ class ModelRequest:
             if not NAME_RE.match(self.name):
                 raise SpecError(f"model name {self.name!r} must be letters, digits, '_', '.', '-' (a URL segment)")
             spec = dataclasses.replace(spec, name=self.name)
+        if self.version is not None:
+            spec = dataclasses.replace(spec, version=self.version)
         return spec
 
 
-def from_cli(entry: str, sets: list[str], name: str | None = None) -> ModelRequest:
+def from_cli(entry: str, sets: list[str], name: str | None = None, version: int | None = None) -> ModelRequest:
     """``ENTRY --set k=v ...`` as a request (one value per key: a model is not a sweep)."""
     from xshare.cli.spec.parse import parse_set
 
@@ -86,7 +93,7 @@ def from_cli(entry: str, sets: list[str], name: str | None = None) -> ModelReque
             raise SpecError(f"--set {item!r}: a model takes one value per parameter (deploy twice, with "
                             "--name, for two)")
         params[key] = value
-    return ModelRequest(entry, params, name)
+    return ModelRequest(entry, params, name, version)
 
 
 __all__ = ["ModelRequest", "from_cli"]

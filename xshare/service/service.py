@@ -44,7 +44,8 @@ class Service:
 
     def __init__(self, *, run_dir: str | os.PathLike, memory: Any = None, policy: str = "pack",
                  host: str = "127.0.0.1", port: int = 0, resume: bool = False,
-                 checkpoint_every: int | None = 100, fuse: bool = False, models: list[Any] = ()):
+                 checkpoint_every: int | None = 100, fuse: bool = False, models: list[Any] = (),
+                 grpc_port: int | None = None, repository: dict[str, Any] | None = None):
         import xshare
         from xshare.runtime.server import StatusServer
 
@@ -73,14 +74,29 @@ class Service:
                 name = self.deploy(req, skip_deployed=resume)  # on --resume it may be back already
                 if name not in self.deployed:
                     self.deployed.append(name)
+            self.repository = None  # --model-repository: Repository(rt, **repository) loads its models now
+            if repository is not None:
+                from xshare.serving.repository import Repository
+                self.repository = Repository(self.rt, **repository)
             self.server = StatusServer(self.rt, host, port, submit=self.submit_payload,
                                        deploy=self.deploy_payload, undeploy=self.undeploy_name,
+                                       repository=self.repository,
                                        announce={"kind": "service", "run_dir": str(self.run_dir.resolve())})
             self.server.start()
+            self.grpc = None  # the models over gRPC too (xshare serve --grpc-port), after they deploy
+            if grpc_port is not None:
+                from xshare.serving.grpc_server import GrpcServer
+                self.grpc = GrpcServer(self.rt, host, grpc_port, repository=self.repository,
+                                       token=self.server.token).start()
             from xshare.runtime.discovery import write_private
             write_private(self.run_dir / ANNOUNCE, json.dumps(
-                {"pid": os.getpid(), "address": self.server.address, "token": self.server.token}) + "\n")
+                {"pid": os.getpid(), "address": self.server.address, "token": self.server.token,
+                 **({"grpc_address": self.grpc.address} if self.grpc else {})}) + "\n")
         except BaseException:
+            if getattr(self, "server", None) is not None:
+                self.server.stop()
+            if getattr(self, "repository", None) is not None:
+                self.repository.close()
             self.rt.close()
             raise
 
@@ -118,15 +134,18 @@ class Service:
     def deploy(self, request: Any, *, journal: bool = True, skip_deployed: bool = False) -> str:
         """Build a model request (:mod:`.models`) and deploy it; its name. SpecError if the
         entry cannot be built; AdmissionError if it does not fit now."""
+        return self._deploy(request, journal=journal, skip_deployed=skip_deployed).name
+
+    def _deploy(self, request: Any, *, journal: bool = True, skip_deployed: bool = False) -> Any:
         spec = request.build()
         with self._lock:
-            if skip_deployed and spec.name in self.rt.models:
-                return spec.name
+            if skip_deployed and any(h.version == spec.version for h in self.rt.model_versions(spec.name)):
+                return spec
             self.rt.deploy(spec)
             if journal:
-                self._journal_model({"op": "deploy", **request.to_json(), "name": spec.name})
-        log.info("service: deployed model %r", spec.name)
-        return spec.name
+                self._journal_model({"op": "deploy", **request.to_json(), "name": spec.name, "version": spec.version})
+        log.info("service: deployed model %r version %d", spec.name, spec.version)
+        return spec
 
     def _journal_model(self, record: dict[str, Any]) -> None:
         with self.models_journal.open("a") as f:
@@ -140,15 +159,16 @@ class Service:
 
         if not self.models_journal.exists():
             return []
-        live: dict[str, dict[str, Any]] = {}
+        live: dict[tuple[str, int], dict[str, Any]] = {}  # by (name, version); older records have no version: 1
         for line in self.models_journal.read_text().splitlines():
             if line.strip():
                 rec = json.loads(line)
                 if rec.pop("op") == "deploy":
-                    live[rec["name"]] = rec
-                else:
-                    live.pop(rec["name"], None)
-        return [self.deploy(ModelRequest.from_json(rec), journal=False) for rec in live.values()]
+                    live[(rec["name"], rec.get("version") or 1)] = rec
+                else:  # an undeploy: of one version, or (none named) of every version of the name
+                    v = rec.get("version")
+                    live = {k: r for k, r in live.items() if not (k[0] == rec["name"] and v in (None, k[1]))}
+        return list(dict.fromkeys(self.deploy(ModelRequest.from_json(rec), journal=False) for rec in live.values()))
 
     def deploy_payload(self, payload: Any) -> dict[str, Any]:
         """``POST /models``: 400 a malformed request, 422 an entry that cannot be built or a model
@@ -162,25 +182,26 @@ class Service:
         except RequestError as err:
             raise Refused(400, str(err)) from None
         try:
-            name = self.deploy(request)
+            spec = self._deploy(request)
         except (SpecError, AdmissionError) as err:
             raise Refused(422, _one_line(err)) from None
         except XShareError as err:  # a name already deployed, or the runtime is closing
             raise Refused(409, _one_line(err)) from None
-        return {"model": name, "status": "ready", "metadata": self.rt.model(name).metadata()}
+        return {"model": spec.name, "version": spec.version, "status": "ready",
+                "metadata": self.rt.model(spec.name, spec.version).metadata()}
 
-    def undeploy_name(self, name: str) -> dict[str, Any]:
-        """``DELETE /models/{name}``: 404 if no such model is deployed."""
+    def undeploy_name(self, name: str, version: int | None = None) -> dict[str, Any]:
+        """``DELETE /models/{name}[?version=V]``: every version, or one; 404 if none is deployed."""
         from xshare.runtime.server import Refused
 
         try:
             with self._lock:
-                self.rt.undeploy(name)
-                self._journal_model({"op": "undeploy", "name": name})
+                self.rt.undeploy(name, version)
+                self._journal_model({"op": "undeploy", "name": name, **({"version": version} if version else {})})
         except KeyError as err:
             raise Refused(404, str(err.args[0])) from None
-        log.info("service: undeployed model %r", name)
-        return {"model": name, "status": "gone"}
+        log.info("service: undeployed model %r%s", name, f" version {version}" if version else "")
+        return {"model": name, "status": "gone", **({"version": version} if version else {})}
 
     def submit(self, requests: list[JobRequest], *, names: list[str] | None = None,
                journal: bool = True) -> tuple[list[str], list[Any]]:
@@ -229,6 +250,10 @@ class Service:
         """Checkpoint every live job and close (``rt.stop(checkpoint=True)``); records each
         job's status for ``--resume``. Returns the jobs that could not be checkpointed."""
         self.server.stop()  # no new submits while stopping
+        if self.grpc is not None:
+            self.grpc.stop()
+        if self.repository is not None:
+            self.repository.close()  # no more polling
         # Read before stopping: stop() ends the unfinished jobs as cancelled too, and only those
         # the user cancelled (or that failed) must stay ended on --resume.
         before = {h.name: h.status() for h in self.rt.jobs}

@@ -6,8 +6,15 @@
   GET  /v2/models/{name}            model metadata: inputs, outputs, datatypes, shapes (-1 = batch)
   GET  /v2/models/{name}/ready      200 if deployed and taking requests, else 400 (404 unknown)
   POST /v2/models/{name}/infer      JSON tensors, or Triton's binary tensor extension
+  GET  /v2/models/{name}/config     Triton's model configuration extension (:mod:`.extensions`)
+  GET  /v2/models[/{name}]/stats    Triton's statistics extension (every model's without a name)
+  POST /v2/repository/index         Triton's repository extension (``xshare serve --model-repository``):
+  POST /v2/repository/models/{name}/load|unload    these two need the token (they change state)
 
-(``/versions/{v}`` after the name is accepted and ignored: a model has one version, "1".)
+Every numeric datatype goes in and out (:mod:`.tensors`); BYTES is refused with 400.
+
+``/versions/{v}`` after the name routes to that version (404 if it is not deployed); without
+it, to the name's default version, the highest ready one.
 
 Refusals (``{"error": reason}``, as Triton and KServe send them): 400 a wrong input name,
 datatype or shape, a batch over ``max_batch``, data that does not fill its shape, malformed
@@ -32,20 +39,26 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from .. import __version__
-from ..runtime.http_app import Reply, endpoint, json_response, raw_parts, read_body
-from .spec import OIP_DATATYPES, InferError
+from ..runtime.http_app import Reply, authorize, endpoint, json_response, parse_json, raw_parts, read_body
+from . import tensors
+from .extensions import model_config, model_statistics
+from .spec import InferError
 
 INFER_MAX_BODY_BYTES = 64 * 1024 * 1024  # 64 MiB: ~16M float32 values as binary, ~3M as JSON
 INFER_TIMEOUT_S = 120.0                  # an answer that takes longer is a 504
-_NP_OF = {v: k for k, v in OIP_DATATYPES.items()}
 _HEADER_LENGTH = "inference-header-content-length"
 
 
-def oip_routes(rt: Any) -> list[Route]:
+def oip_routes(rt: Any, srv: Any = None) -> list[Route]:
+    """The routes; ``srv.repository`` (a :class:`.repository.Repository`, ``xshare serve
+    --model-repository``) adds the repository extension, whose load and unload need the token."""
+    repo = getattr(srv, "repository", None)
+
     @endpoint
     async def server_metadata(request: Request) -> Response:
+        extensions = ["binary_tensor_data", "model_configuration", "statistics"]
         return json_response(200, {"name": "xshare", "version": __version__,
-                                   "extensions": ["binary_tensor_data"]})
+                                   "extensions": extensions + (["model_repository"] if repo is not None else [])})
 
     @endpoint
     async def live(request: Request) -> Response:
@@ -58,8 +71,17 @@ def oip_routes(rt: Any) -> list[Route]:
 
     @endpoint
     async def models(request: Request) -> Response:
-        name, action = _model_path(request)
-        handle = _handle(rt, name)
+        name, version, action = _model_path(request)
+        if name == "stats" and action == "" and "stats" not in rt.models:  # every model's (Triton's route)
+            _only(request, "GET")
+            return json_response(200, model_statistics([h for n in sorted(rt.models) for h in rt.model_versions(n)]))
+        handle = _handle(rt, name, version)
+        if action in ("config", "stats"):
+            _only(request, "GET")
+            if action == "config":
+                return json_response(200, model_config(handle))
+            # a name's statistics are its every version's (Triton's), a version's its own
+            return json_response(200, model_statistics([handle] if version is not None else rt.model_versions(name)))
         if action == "":
             if request.method != "GET":
                 raise Reply(405, f"{request.method} is not allowed on {request.url.path}; use GET", {"Allow": "GET"})
@@ -75,27 +97,80 @@ def oip_routes(rt: Any) -> list[Route]:
                             {"Allow": "POST"})
             return await _infer(rt, handle, request)
         raise Reply(404, f"no such endpoint {request.url.path!r}; models answer GET /v2/models/{{name}}, "
-                         "GET /v2/models/{name}/ready and POST /v2/models/{name}/infer")
+                         "GET /v2/models/{name}/ready, /config, /stats and POST /v2/models/{name}/infer")
+
+    @endpoint
+    async def repository_index(request: Request) -> Response:
+        doc = parse_json(await read_body(request), ' (send none, or {"ready": true})')
+        ready_only = bool(doc.get("ready", False)) if isinstance(doc, dict) else False
+        return json_response(200, await run_in_threadpool(repo.index, ready_only))
+
+    @endpoint
+    async def repository_model(request: Request) -> Response:
+        parts = raw_parts(request)  # ["", "v2", "repository", "models", name, action]
+        if len(parts) != 6 or parts[5] not in ("load", "unload") or not parts[4]:
+            raise Reply(404, f"no such endpoint {request.url.path!r}; try POST /v2/repository/models/{{name}}/load "
+                             "or /unload")
+        authorize(srv, request, f"{parts[5]}ing a model")
+        doc = parse_json(await read_body(request))
+        given = doc.get("parameters") if isinstance(doc, dict) else None
+        refuse_overrides(sorted(given) if isinstance(given, dict) else [], parts[5])
+        try:
+            await run_in_threadpool(getattr(repo, parts[5]), parts[4])
+        except InferError as err:
+            raise Reply(err.code, err.message) from None
+        return json_response(200, {})
 
     any_method = ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"]
-    return [Route("/v2", server_metadata, methods=["GET"]),
-            Route("/v2/health/live", live, methods=["GET"]),
-            Route("/v2/health/ready", ready, methods=["GET"]),
-            Route("/v2/models/{rest:path}", models, methods=any_method)]
+    routes = [Route("/v2", server_metadata, methods=["GET"]),
+              Route("/v2/health/live", live, methods=["GET"]),
+              Route("/v2/health/ready", ready, methods=["GET"]),
+              Route("/v2/models/{rest:path}", models, methods=any_method)]
+    if repo is not None:
+        routes += [Route("/v2/repository/index", repository_index, methods=["POST"]),
+                   Route("/v2/repository/models/{rest:path}", repository_model, methods=["POST"])]
+    return routes
 
 
-def _model_path(request: Request) -> tuple[str, str]:
+def refuse_overrides(keys: list[str], action: str) -> None:
+    """Triton's load takes a ``config`` (and ``file:`` contents) overriding the repository's; here
+    the entry's config.toml is what loads, so an override is refused rather than ignored.
+    Unload's ``unload_dependents`` means nothing here (no ensembles) and is accepted."""
+    unknown = [k for k in keys if not (action == "unload" and k == "unload_dependents")]
+    if unknown:
+        raise Reply(400, f"{action} takes no parameter {unknown[0]!r}: the entry's config.toml is what loads; edit it "
+                         "and load again")
+
+
+def _only(request: Request, method: str) -> None:
+    if request.method != method:
+        raise Reply(405, f"{request.method} is not allowed on {request.url.path}; use {method}", {"Allow": method})
+
+
+def _model_path(request: Request) -> tuple[str, int | None, str]:
+    """``(name, version or None, action)`` of ``/v2/models/{name}[/versions/{v}][/action]``."""
     parts = raw_parts(request)[3:]  # after "", "v2", "models"
+    version = None
     if len(parts) >= 3 and parts[1] == "versions":  # /v2/models/{name}/versions/{v}[/action]
+        version = parse_version(parts[2])
         parts = [parts[0], *parts[3:]]
     if not parts or not parts[0] or len(parts) > 2:
         raise Reply(404, f"no such endpoint {request.url.path!r}; try GET /v2/models/{{name}}")
-    return parts[0], (parts[1] if len(parts) == 2 else "")
+    return parts[0], version, (parts[1] if len(parts) == 2 else "")
 
 
-def _handle(rt: Any, name: str) -> Any:
+def parse_version(text: str) -> int | None:
+    """A protocol version string: ``""`` is the default; else a positive integer (404 if not)."""
+    if text == "":
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise Reply(404, f"model version {text!r} is not a version number; versions are integers >= 1")
+    return int(text)
+
+
+def _handle(rt: Any, name: str, version: int | None = None) -> Any:
     try:
-        return rt.model(name)
+        return rt.model(name, version)
     except KeyError as err:
         raise Reply(404, str(err.args[0])) from None
 
@@ -103,10 +178,11 @@ def _handle(rt: Any, name: str) -> Any:
 async def _infer(rt: Any, handle: Any, request: Request) -> Response:
     body = await read_body(request, INFER_MAX_BODY_BYTES, too_large=400)
     header_len = request.headers.get(_HEADER_LENGTH)
-    parsed = await run_in_threadpool(parse_infer, body, header_len, handle.metadata())
+    schedule: dict[str, Any] = {}
+    parsed = await run_in_threadpool(parse_infer, body, header_len, handle.metadata(), schedule)
     inputs, wanted, binary_out, req_id = parsed
     try:
-        fut = handle.submit(inputs)
+        fut = handle.submit(inputs, **schedule)
         outputs = await asyncio.wait_for(asyncio.wrap_future(fut), INFER_TIMEOUT_S)
     except InferError as err:
         headers = {"Retry-After": str(max(1, round(err.retry_after_s)))} if err.retry_after_s else {}
@@ -114,13 +190,15 @@ async def _infer(rt: Any, handle: Any, request: Request) -> Response:
     except asyncio.TimeoutError:
         raise Reply(504, f"model {handle.name!r} did not answer within {INFER_TIMEOUT_S:g} s") from None
     body, headers, ctype = await run_in_threadpool(render_infer, handle.name, req_id, outputs, wanted,
-                                                   binary_out)
+                                                   binary_out, str(getattr(fut, "model_version", 1)))
     return Response(body, 200, {"Cache-Control": "no-store", **headers}, ctype)
 
 
-def parse_infer(body: bytes, header_len: str | None, meta: dict[str, Any]
+def parse_infer(body: bytes, header_len: str | None, meta: dict[str, Any], schedule: dict | None = None,
                 ) -> tuple[dict[str, np.ndarray], list[str] | None, dict[str, bool], Any]:
-    """The request's tensors as numpy arrays; ``Reply(400)`` says what is wrong."""
+    """The request's tensors as numpy arrays; ``Reply(400)`` says what is wrong. ``schedule``,
+    if given, receives the request's ``priority`` and ``timeout_us`` (Triton's schedule-policy
+    parameters ``priority`` and ``timeout``, in the body's ``parameters``)."""
     binary = b""
     if header_len is not None:
         try:
@@ -136,49 +214,39 @@ def parse_infer(body: bytes, header_len: str | None, meta: dict[str, Any]
         raise Reply(400, f"the body is not JSON: {err}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("inputs"), list):
         raise Reply(400, 'the body must be a JSON object with "inputs": [{"name", "shape", "datatype", "data"}]')
-    declared = {i["name"]: i for i in meta["inputs"]}
     inputs: dict[str, np.ndarray] = {}
+    seen: set = set()
     offset = 0
-    for t in doc["inputs"]:
-        if not isinstance(t, dict):
-            raise Reply(400, f"an input must be an object with name, shape, datatype and data; got {t!r:.80}")
-        name, shape, datatype = t.get("name"), t.get("shape"), t.get("datatype")
-        if name not in declared:
-            raise Reply(400, f"unknown input {name!r}; model {meta['name']!r} takes {sorted(declared)}")
-        if name in inputs:
-            raise Reply(400, f"input {name!r} is given twice")
-        want = declared[name]["datatype"]
-        if datatype != want:
-            raise Reply(400, f"input {name!r} has datatype {datatype!r}; model {meta['name']!r} takes {want}")
-        if (not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
-                                                    for d in shape)):
-            raise Reply(400, f"input {name!r} has shape {shape!r}; give a list of ints >= 0")
-        dtype = np.dtype(_NP_OF[want]) if want != "BF16" else None
-        if dtype is None:
-            raise Reply(400, f"input {name!r}: BF16 tensors are not accepted over HTTP; send FP32")
-        count = int(np.prod(shape)) if shape else 1
-        params = t.get("parameters") or {}
-        size = params.get("binary_data_size") if isinstance(params, dict) else None
-        if size is not None:
-            if not isinstance(size, int) or size != count * dtype.itemsize or offset + size > len(binary):
-                raise Reply(400, f"input {name!r}: binary_data_size {size!r} does not match shape {shape} of "
-                                 f"{want} ({count * dtype.itemsize} bytes) or the binary data sent")
-            arr = np.frombuffer(binary, dtype, count, offset).reshape(shape)
-            offset += size
-        else:
-            if "data" not in t:
-                raise Reply(400, f"input {name!r} has no data")
-            try:
-                arr = np.asarray(t["data"], dtype=dtype)
-            except (ValueError, TypeError, OverflowError) as err:
-                raise Reply(400, f"input {name!r}: its data are not {want} values: {err}") from None
-            if arr.size != count:
-                raise Reply(400, f"input {name!r} has {arr.size} values; shape {shape} needs {count}")
-            arr = arr.reshape(shape)
-        inputs[name] = arr
+    try:
+        for t in doc["inputs"]:
+            if not isinstance(t, dict):
+                raise Reply(400, f"an input must be an object with name, shape, datatype and data; got {t!r:.80}")
+            name, shape, datatype = t.get("name"), t.get("shape"), t.get("datatype")
+            dtype = tensors.check_header(meta, name, datatype, shape, seen)
+            params = t.get("parameters") or {}
+            size = params.get("binary_data_size") if isinstance(params, dict) else None
+            if size is not None:
+                if not isinstance(size, int) or isinstance(size, bool) or size < 0 or offset + size > len(binary):
+                    raise Reply(400, f"input {name!r}: binary_data_size {size!r} is not a byte count within the "
+                                     f"{len(binary) - offset} bytes of binary data left")
+                arr = tensors.from_bytes(name, datatype, dtype, shape, memoryview(binary)[offset:offset + size])  # no copy
+                offset += size
+            else:
+                if "data" not in t:
+                    raise Reply(400, f"input {name!r} has no data")
+                arr = tensors.from_values(name, datatype, dtype, shape, t["data"])
+            inputs[name] = arr
+    except InferError as err:
+        raise Reply(err.code, err.message) from None
+    params = doc.get("parameters") or {}
+    if not isinstance(params, dict):
+        raise Reply(400, 'the body\'s "parameters" must be an object')
+    if schedule is not None:
+        schedule["priority"] = params.get("priority", 0)
+        schedule["timeout_us"] = params.get("timeout")
     outs = doc.get("outputs")
     wanted, binary_out = None, {}
-    default_binary = bool((doc.get("parameters") or {}).get("binary_data_output", False))
+    default_binary = bool(params.get("binary_data_output", False))
     known = {o["name"] for o in meta["outputs"]}
     if outs is not None:
         if not isinstance(outs, list):
@@ -196,22 +264,20 @@ def parse_infer(body: bytes, header_len: str | None, meta: dict[str, Any]
 
 
 def render_infer(model: str, req_id: Any, outputs: dict[str, np.ndarray], wanted: list[str] | None,
-                 binary_out: dict[str, bool]) -> tuple[bytes, dict[str, str], str]:
+                 binary_out: dict[str, bool], version: str = "1") -> tuple[bytes, dict[str, str], str]:
     names = wanted if wanted is not None else list(outputs)
-    tensors, blobs = [], []
+    out, blobs = [], []
     for name in names:
         arr = outputs[name]
-        t: dict[str, Any] = {"name": name, "datatype": OIP_DATATYPES.get(str(arr.dtype), str(arr.dtype).upper()),
-                             "shape": list(arr.shape)}
+        t: dict[str, Any] = {"name": name, "datatype": tensors.datatype_of(arr.dtype), "shape": list(arr.shape)}
         if binary_out.get(name):
-            raw = np.ascontiguousarray(arr).tobytes()
+            raw = tensors.to_bytes(arr)
             t["parameters"] = {"binary_data_size": len(raw)}
             blobs.append(raw)
         else:
-            # float32 -> Python float is exact, and JSON's shortest repr of it reads back exactly
-            t["data"] = arr.ravel().tolist()
-        tensors.append(t)
-    doc: dict[str, Any] = {"model_name": model, "model_version": "1", "outputs": tensors}
+            t["data"] = tensors.to_values(arr)  # exact: see tensors.to_values
+        out.append(t)
+    doc: dict[str, Any] = {"model_name": model, "model_version": version, "outputs": out}
     if req_id is not None:
         doc["id"] = req_id
     head = json.dumps(doc, allow_nan=True).encode()
@@ -220,4 +286,4 @@ def render_infer(model: str, req_id: Any, outputs: dict[str, np.ndarray], wanted
     return head + b"".join(blobs), {"Inference-Header-Content-Length": str(len(head))}, "application/octet-stream"
 
 
-__all__ = ["oip_routes", "parse_infer", "render_infer", "INFER_MAX_BODY_BYTES"]
+__all__ = ["refuse_overrides", "oip_routes", "parse_infer", "render_infer", "INFER_MAX_BODY_BYTES"]

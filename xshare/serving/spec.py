@@ -40,10 +40,14 @@ class ModelSpec:
     inputs: dict[str, tuple[str, tuple[int, ...]]]
     name: str
     max_batch: int = 64
-    max_delay_ms: float = 5.0
+    max_delay_ms: float = 0.0
     priority: int = 10
     buckets: tuple[int, ...] = (1, 4, 16, 64)
     max_queue: int = 512           # rows waiting at most; beyond it a request gets 503
+    preferred_batch_sizes: tuple[int, ...] = ()  # a batch of one of these rows runs at once (Triton's)
+    priority_levels: int = 0       # per-request priority 1 (first) .. priority_levels; 0: one level
+    default_priority_level: int = 0  # the level of a request that names none
+    version: int = 1               # several versions of a name may be deployed; the highest ready answers
 
     def datatype(self, input_name: str) -> str:
         return OIP_DATATYPES[self.inputs[input_name][0]]
@@ -51,16 +55,28 @@ class ModelSpec:
 
 def model(predict: Callable[[Any, dict[str, Any]], Any], params: Any,
           inputs: dict[str, tuple[str, tuple[int, ...]]], *, name: str | None = None,
-          max_batch: int = 64, max_delay_ms: float = 5.0, priority: int = 10,
-          buckets: tuple[int, ...] | None = None, max_queue: int | None = None) -> ModelSpec:
+          max_batch: int = 64, max_delay_ms: float = 0.0, priority: int = 10,
+          buckets: tuple[int, ...] | None = None, max_queue: int | None = None,
+          preferred_batch_sizes: tuple[int, ...] = (), priority_levels: int = 0,
+          default_priority_level: int | None = None, version: int = 1) -> ModelSpec:
     """A model spec for ``Runtime.deploy``.
 
     ``inputs``: ``{name: (dtype, shape)}``, the shape of *one* row (the batch axis is added).
     ``max_batch``: the most rows one execution takes; ``max_delay_ms``: how long the oldest
-    waiting request may wait for others to join its batch. ``priority``: between models, the
+    waiting request may wait for others to join its batch (Triton's
+    ``max_queue_delay_microseconds``). The default, 0, is Triton's default: the batcher does not
+    delay; it runs what is waiting (up to ``max_batch``) as soon as the device is free, so
+    requests that arrive while a batch runs form the next one. ``priority``: between models, the
     higher goes first; a due batch always goes before training steps (at the next iteration
     boundary). ``buckets``: padded batch sizes compiled ahead (default 1, 4, 16, ``max_batch``).
     ``max_queue``: rows that may wait (default ``8 * max_batch``); more get 503 + Retry-After.
+    ``preferred_batch_sizes``: as Triton's dynamic batcher's: when the oldest requests add up to
+    one of these row counts, that batch runs at once, without waiting ``max_delay_ms``.
+    ``priority_levels``: requests may name a ``priority`` from 1 (first) to this (Triton's
+    schedule-policy parameter); within a model, a higher level is taken first, arrival order
+    within a level. ``default_priority_level``: the level of requests that name none (default:
+    the middle level). ``version``: a model name may be deployed at several versions
+    (``/v2/models/{name}/versions/{v}``); a request naming no version goes to the highest ready one.
     """
     if not callable(predict):
         raise TypeError(f"predict={predict!r} must be callable as predict(params, inputs) -> outputs")
@@ -97,7 +113,19 @@ def model(predict: Callable[[Any, dict[str, Any]], Any], params: Any,
     max_queue = 8 * max_batch if max_queue is None else max_queue
     if not isinstance(max_queue, int) or max_queue < max_batch:
         raise ValueError(f"max_queue={max_queue!r} must be an int >= max_batch={max_batch} (rows that may wait)")
-    return ModelSpec(predict, params, norm, name, max_batch, float(max_delay_ms), priority, buckets, max_queue)
+    preferred = tuple(sorted({int(b) for b in preferred_batch_sizes}))
+    if any(b < 1 or b > max_batch for b in preferred):
+        raise ValueError(f"preferred_batch_sizes={preferred_batch_sizes!r} must be row counts in 1..max_batch={max_batch}")
+    if not isinstance(priority_levels, int) or isinstance(priority_levels, bool) or priority_levels < 0:
+        raise ValueError(f"priority_levels={priority_levels!r} must be an int >= 0 (0: requests name no priority)")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise ValueError(f"version={version!r} must be an int >= 1")
+    if default_priority_level is None:
+        default_priority_level = (priority_levels + 1) // 2
+    if priority_levels and not (isinstance(default_priority_level, int) and 1 <= default_priority_level <= priority_levels):
+        raise ValueError(f"default_priority_level={default_priority_level!r} must be in 1..priority_levels={priority_levels}")
+    return ModelSpec(predict, params, norm, name, max_batch, float(max_delay_ms), priority, buckets, max_queue,
+                     preferred, priority_levels, default_priority_level if priority_levels else 0, version)
 
 
 __all__ = ["ModelSpec", "model", "InferError", "OIP_DATATYPES"]

@@ -236,7 +236,8 @@ def _models_table(s: dict[str, Any]) -> Any:
                    "errors", "503s", "P", "E"):
         table.add_column(header, justify="left" if header in ("model", "status") else "right", no_wrap=True)
     for m in s["models"]:
-        table.add_row(Text(m["name"], style="bold"), m["status"], _na(m["lane"], str), str(m["priority"]),
+        label = m["name"] if m.get("version", 1) == 1 else f"{m['name']} v{m['version']}"  # a later version
+        table.add_row(Text(label, style="bold"), m["status"], _na(m["lane"], str), str(m["priority"]),
                       f"{m['requests_per_s']:.1f}", str(m["queue_rows"]),
                       _na(m["batch_fill"], lambda x: f"{100 * x:.0f}%"),
                       _na(m["latency_p50_s"], _fmt_step_time), _na(m["latency_p99_s"], _fmt_step_time),
