@@ -52,6 +52,7 @@ class JobSpec:
 
     @property
     def fn(self) -> Callable:
+        """The step function the job runs (the undecorated ``(state, batch) -> (state, metrics)``)."""
         return self.job.fn
 
     def replace(self, **changes: Any) -> "JobSpec":

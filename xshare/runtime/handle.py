@@ -21,10 +21,12 @@ class JobHandle:
 
     @property
     def name(self) -> str:
+        """The job's unique name in its runtime."""
         return self._rec.name
 
     @property
     def id(self) -> int:
+        """The job's id in its runtime (also accepted by the controls)."""
         return self._rec.id
 
     def status(self) -> str:
@@ -37,10 +39,12 @@ class JobHandle:
         return self._rec.state
 
     def progress(self) -> Progress:
+        """The job's :class:`Progress` now: status, steps, the last metrics, rate, lane."""
         return self._rec.progress(now_s() - self._rt.t0)
 
     @property
     def error(self) -> str | None:
+        """Why the job failed, in one line (``None`` unless it failed); ``exception`` holds the error."""
         return self._rec.error
 
     @property
@@ -73,15 +77,19 @@ class JobHandle:
         return state, rec.last_metrics
 
     def pause(self, *, offload: bool = False) -> None:
+        """``Runtime.pause`` of this job."""
         self._rt.pause(self, offload=offload)
 
     def resume(self) -> None:
+        """``Runtime.resume`` of this job."""
         self._rt.resume(self)
 
     def cancel(self) -> None:
+        """``Runtime.cancel`` of this job."""
         self._rt.cancel(self)
 
     def set_priority(self, priority: int) -> None:
+        """``Runtime.set_priority`` of this job."""
         self._rt.set_priority(self, priority)
 
     def __repr__(self) -> str:

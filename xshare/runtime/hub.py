@@ -156,6 +156,7 @@ class ModelHandle:
 
     @property
     def name(self) -> str:
+        """The model's name (its route: ``/v2/models/{name}``)."""
         return self._m.name
 
     def submit(self, inputs: dict[str, Any]) -> Future:
@@ -171,12 +172,15 @@ class ModelHandle:
         return self.submit(inputs).result(timeout)
 
     def ready(self) -> bool:
+        """Whether the model is deployed and answering (false once it is being undeployed)."""
         return self._m.state == "ready"
 
     def metadata(self) -> dict[str, Any]:
+        """The model's OIP metadata: its name, inputs and outputs with datatypes and shapes (``-1`` is the batch)."""
         return self._m.metadata()
 
     def stats(self) -> dict[str, Any]:
+        """The model's counters and latencies, as in the status document's ``models[]``."""
         return self._m.stats()
 
     def __repr__(self) -> str:

@@ -83,7 +83,7 @@ class Runtime(Preparation, Deployments, Controls):
         one (a finished job comes back done at once, with its saved final state).
       compile_workers: threads that trace and compile jobs (cache misses only).
       fuse: run jobs that share a program as fused groups: one vmapped executable steps them
-        all, each still its own job (README: "Fused sweeps"). Off by default.
+        all, each still its own job (docs/explanation/fusion.md). Off by default.
       group_capacity: with ``fuse``, the slots every fused group has at least (rounded up to a
         power of two): a group opens with room for this many jobs, even for one job of a program
         others run, and never shrinks below it, so a workload that keeps about this many jobs of
@@ -181,10 +181,12 @@ class Runtime(Preparation, Deployments, Controls):
     # ------------------------------------------------------------------ public API
     @property
     def fences(self) -> bool:
+        """Whether this runtime's steps carry FFI fences (device timestamps in ``timeline()``)."""
         return self._ring is not None
 
     @property
     def peak_in_flight_bytes(self) -> int:
+        """The most arena bytes ever reserved by steps in flight at once (persistent + ephemeral)."""
         return self._dispatcher.peak_in_flight_bytes
 
     @property
@@ -281,6 +283,12 @@ class Runtime(Preparation, Deployments, Controls):
         return True
 
     @property
+    def address(self) -> str | None:
+        """``HOST:PORT`` of this runtime's HTTP server (``/status``, ``/metrics``, ``/v2``
+        inference), or None when it was built without ``status_port``."""
+        return None if self.status_server is None else self.status_server.address
+
+    @property
     def closed(self) -> bool:
         """Whether ``close()`` (or ``stop()``) has begun: the runtime takes no more work."""
         return self._closed
@@ -291,6 +299,7 @@ class Runtime(Preparation, Deployments, Controls):
         return self.timeline_.steps()
 
     def progress(self) -> list[Progress]:
+        """Every submitted job's :class:`Progress`, in submission order."""
         now = now_s() - self.t0
         return [h._rec.progress(now) for h in self.jobs]
 

@@ -46,6 +46,7 @@ class ModelSpec:
     max_queue: int = 512           # rows waiting at most; beyond it a request gets 503
 
     def datatype(self, input_name: str) -> str:
+        """The Open Inference Protocol datatype (``"FP32"``, ...) of input ``input_name``."""
         return OIP_DATATYPES[self.inputs[input_name][0]]
 
 

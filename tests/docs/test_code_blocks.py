@@ -1,0 +1,166 @@
+"""Every code block of docs/ and README.md runs, so the documentation cannot rot.
+
+One test per block (id ``page:line``, so a failure names the block); the convention is in
+``tests/docs/blocks.py``. A page's blocks share one directory (a fresh one per page, holding a
+copy of the repository's ``examples/`` as a reader's checkout would) and one Python namespace,
+and run in order: selecting a single block with ``-k`` first runs the blocks above it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.docs import blocks
+
+ALL = blocks.collect()
+RUNNABLE = blocks.runnable(ALL)
+BASH_TIMEOUT_S = 240
+# Counted for the terminal summary (tests/docs/conftest.py): what this run executed.
+EXECUTED: dict[str, int] = {"python": 0, "bash": 0, "file": 0, "skipped": 0}
+
+
+@dataclasses.dataclass
+class Page:
+    dir: Path
+    ns: dict[str, Any]
+    ran: set[str] = dataclasses.field(default_factory=set)  # ids of the blocks that have run
+    broken: str | None = None  # the id of a block that failed: the later ones cannot run
+
+
+_PAGES: dict[str, Page] = {}
+
+
+@pytest.fixture(scope="session")
+def docs_env(tmp_path_factory) -> dict[str, str]:
+    """Environment for every block: the venv's commands first on PATH, and a discovery
+    directory and compilation cache of this test run's own (no user state read or written)."""
+    root = tmp_path_factory.mktemp("docs-env")
+    return {
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+        "XSHARE_RUNTIME_DIR": str(root / "runtimes"),
+        "XSHARE_COMPILATION_CACHE": str(root / "xla-cache"),
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
+
+
+def _page(block: blocks.Block, tmp_path_factory) -> Page:
+    page = _PAGES.get(block.page)
+    if page is None:
+        name = re.sub(r"[^A-Za-z0-9]+", "-", block.page).strip("-")
+        d = tmp_path_factory.mktemp(name)
+        shutil.copytree(blocks.REPO / "examples", d / "examples")
+        page = _PAGES[block.page] = Page(dir=d, ns={"__name__": "__main__"})
+    return page
+
+
+@contextlib.contextmanager
+def _inside(page: Page, env: dict[str, str]):
+    """The reader's session: cwd = the page's directory, importable, with the docs' env."""
+    old_cwd, old_env = os.getcwd(), {k: os.environ.get(k) for k in env}
+    os.chdir(page.dir)
+    os.environ.update(env)
+    sys.path.insert(0, str(page.dir))
+    try:
+        yield
+    finally:
+        sys.path.remove(str(page.dir))
+        for k, v in old_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        os.chdir(old_cwd)
+
+
+def _run(block: blocks.Block, page: Page, env: dict[str, str]) -> None:
+    if block.kind == "file":
+        target = page.dir / block.title
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(block.code, encoding="utf-8")
+        sys.modules.pop(target.stem, None)  # a later import reads this version of the file
+        EXECUTED["file"] += 1
+    elif block.kind == "python":
+        with _inside(page, env):
+            exec(compile(block.code, block.id, "exec"), page.ns)  # noqa: S102 - the docs' own code
+        EXECUTED["python"] += 1
+    elif block.kind == "bash":
+        proc = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", block.code], cwd=page.dir,
+                              env={**os.environ, **env}, capture_output=True, text=True,
+                              timeout=BASH_TIMEOUT_S)
+        assert proc.returncode == 0, (
+            f"{block.id}: exit {proc.returncode}\n--- block ---\n{block.code}"
+            f"--- stdout ---\n{proc.stdout[-3000:]}\n--- stderr ---\n{proc.stderr[-3000:]}")
+        EXECUTED["bash"] += 1
+
+
+@pytest.mark.parametrize("block", [pytest.param(b, id=b.id, marks=[pytest.mark.slow] if b.slow else [])
+                                   for b in RUNNABLE])
+def test_block(block: blocks.Block, docs_env, tmp_path_factory):
+    if block.skip:
+        EXECUTED["skipped"] += 1
+        pytest.skip(f"no-run: {block.skip}")
+    page = _page(block, tmp_path_factory)
+    if page.broken:
+        pytest.fail(f"not run: {page.broken}, earlier on the page, failed")
+    # The blocks above it first, as a reader runs them. A slow block above is not rerun for a
+    # later one (writers put slow blocks where no later block needs what they make), so
+    # `-m "not slow"` does leave their time out.
+    if block.id in page.ran:  # ran already, as a block above one selected before it
+        return
+    above = [b for b in RUNNABLE if b.page == block.page and b.line < block.line
+             and not b.skip and not b.slow]
+    for earlier in [b for b in above if b.id not in page.ran] + [block]:
+        try:
+            _run(earlier, page, docs_env)
+        except BaseException:
+            page.broken = earlier.id
+            raise
+        page.ran.add(earlier.id)
+
+
+@pytest.mark.parametrize("block", [b for b in RUNNABLE if b.kind == "file"],
+                         ids=lambda b: b.id)
+def test_file_block_is_used_later_on_its_page(block: blocks.Block):
+    """A file the reader saves is exercised by a block that runs after it (by name, or by
+    module name for a .py file); otherwise it would be a block no test runs."""
+    name = Path(block.title)
+    later = [b for b in RUNNABLE if b.page == block.page and b.line > block.line and not b.skip]
+    pattern = re.compile(rf"\b({re.escape(name.as_posix())}|{re.escape(name.stem)})\b")
+    assert block.skip or any(pattern.search(b.code) for b in later), (
+        f"{block.id}: the file {block.title!r} is used by no later block of its page")
+
+
+def test_every_page_parses_and_has_blocks_to_run():
+    assert blocks.pages(), "no documentation pages found"
+    assert RUNNABLE, "no runnable code block in the documentation"
+    for page in blocks.pages():
+        blocks.parse(page)  # a malformed no-run marker raises, naming the line
+
+
+def test_the_collector_reads_the_convention(tmp_path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "p.md").write_text(
+        "# t\n\n```python\nx = 1\n```\n\n<!-- no-run: needs a GPU -->\n```bash\nnvidia-smi\n```\n\n"
+        "- item\n\n    ```toml title=\"spec.toml\"\n    [runtime]\n    ```\n\n"
+        "```text\nprose\n```\n~~~~py\ny = 2\n~~~~\n", encoding="utf-8")
+    got = blocks.collect(tmp_path)
+    assert [(b.line, b.kind, b.skip, b.title) for b in got] == [
+        (3, "python", None, None), (8, "bash", "needs a GPU", None), (14, "file", None, "spec.toml"),
+        (18, "prose", None, None), (21, "python", None, None)]
+    assert got[2].code == "[runtime]\n"
+    (tmp_path / "docs" / "p.md").write_text("<!-- no-run: -->\n```bash\nx\n```\n", encoding="utf-8")
+    with pytest.raises(blocks.MarkerError, match=re.escape("p.md:1: '<!-- no-run: -->' needs a reason")):
+        blocks.collect(tmp_path)
+    (tmp_path / "docs" / "p.md").write_text("<!-- no-run: GPU -->\n\ntext\n", encoding="utf-8")
+    with pytest.raises(blocks.MarkerError, match="not followed by a code fence"):
+        blocks.collect(tmp_path)
