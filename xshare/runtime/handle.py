@@ -58,11 +58,24 @@ class JobHandle:
         return self._rec.done_event.wait(timeout)
 
     def result(self, timeout: float | None = None) -> tuple[Any, dict[str, float] | None]:
-        """(final state as numpy arrays on the host, last metrics). Raises JobFailed (or
-        AdmissionError, for a job that can never fit in the arena) or JobCancelled.
+        """Wait for the job to end and return ``(final state, last metrics)``.
 
-        A spec with a ``result_transform`` (``xshare.nnx`` jobs) gets it applied to the state:
-        an NNX job's result is ``(new NNX objects, metrics)``, new objects on every call."""
+        The state is on the host (numpy arrays). A spec with a ``result_transform``
+        (``xshare.nnx`` jobs) gets it applied: an NNX job's result is ``(new NNX objects,
+        metrics)``, new objects on every call.
+
+        Args:
+          timeout: seconds to wait (None: until the job ends).
+
+        Returns:
+          ``(state, metrics)``; ``metrics`` is None for a job that ran no step.
+
+        Raises:
+          JobFailed: the job failed (``error`` says why).
+          AdmissionError: the job can never fit in the arena (with the numbers).
+          JobCancelled: the job was cancelled before it finished.
+          TimeoutError: it did not end within ``timeout``.
+        """
         if not self.wait(timeout):
             raise TimeoutError(f"job {self.name!r} still {self.status()} after {timeout} s")
         rec = self._rec

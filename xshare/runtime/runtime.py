@@ -207,6 +207,14 @@ class Runtime(Preparation, Deployments, Controls):
         can never fit in the arena ends ``failed`` and its ``result()`` raises AdmissionError
         with the numbers. A job whose step fails to compile ends ``failed`` with the compiler's
         message (see ``handle.error``), like any other failure of one job.
+
+        Returns:
+          The job's :class:`JobHandle`.
+
+        Raises:
+          XShareError: the runtime is closed.
+          ValueError: a job of that name was already submitted to this runtime.
+          TypeError: ``spec`` is not a JobSpec.
         """
         return self.submit_many([spec])[0]
 
@@ -402,8 +410,20 @@ def run(specs: Iterable[JobSpec], *, policy: str = "pack", memory: int | str | N
         return_exceptions: bool = False, **runtime_kwargs: Any) -> list[tuple[Any, Any] | BaseException]:
     """Run ``specs`` in one Runtime and return each job's ``(state, metrics)``, in order.
 
-    If a job fails, its JobFailed is raised after every job has ended (so the others' work is
-    not lost), unless ``return_exceptions=True``, which puts the exception in its slot instead.
+    Args:
+      specs: bound jobs (``step.bind(...)``).
+      policy: the scheduling policy (see ``xshare.POLICIES``).
+      memory: the arena's size, as for :class:`Runtime`.
+      return_exceptions: put a failed job's exception in its slot instead of raising.
+      **runtime_kwargs: any other :class:`Runtime` argument (``fuse=True``, ``log_dir=...``).
+
+    Returns:
+      One ``(final state, last metrics)`` per spec, in order (or the exception, with
+      ``return_exceptions=True``).
+
+    Raises:
+      JobFailed: a job failed (raised after every job has ended, so the others' work is not
+        lost). AdmissionError or JobCancelled likewise.
     """
     with Runtime(policy=policy, memory=memory, **runtime_kwargs) as rt:
         handles = rt.submit_many(specs)

@@ -54,14 +54,34 @@ def model(predict: Callable[[Any, dict[str, Any]], Any], params: Any,
           inputs: dict[str, tuple[str, tuple[int, ...]]], *, name: str | None = None,
           max_batch: int = 64, max_delay_ms: float = 5.0, priority: int = 10,
           buckets: tuple[int, ...] | None = None, max_queue: int | None = None) -> ModelSpec:
-    """A model spec for ``Runtime.deploy``.
+    """A model spec for ``Runtime.deploy``: ``predict(params, inputs) -> outputs`` served in batches.
 
-    ``inputs``: ``{name: (dtype, shape)}``, the shape of *one* row (the batch axis is added).
-    ``max_batch``: the most rows one execution takes; ``max_delay_ms``: how long the oldest
-    waiting request may wait for others to join its batch. ``priority``: between models, the
-    higher goes first; a due batch always goes before training steps (at the next iteration
-    boundary). ``buckets``: padded batch sizes compiled ahead (default 1, 4, 16, ``max_batch``).
-    ``max_queue``: rows that may wait (default ``8 * max_batch``); more get 503 + Retry-After.
+    Args:
+      predict: pure JAX over a batch: ``inputs`` is a dict of arrays whose first axis is the
+        batch; it returns a dict of arrays (or one array, named ``output``) with the same first
+        axis.
+      params: the pytree ``predict`` takes first; placed on the device once.
+      inputs: ``{name: (dtype, shape)}``, the shape of *one* row (the batch axis is added).
+      name: the model's name and route (``/v2/models/{name}``; default: ``predict``'s name).
+      max_batch: the most rows one execution takes.
+      max_delay_ms: how long the oldest waiting request may wait for others to join its batch.
+      priority: between models, the higher goes first; a due batch always goes before
+        training steps (at the next iteration boundary).
+      buckets: padded batch sizes compiled ahead (default 1, 4, 16, ``max_batch``).
+      max_queue: rows that may wait (default ``8 * max_batch``); more get 503 + Retry-After.
+
+    Returns:
+      A :class:`ModelSpec`.
+
+    Raises:
+      ValueError: a bad name, size, dtype or shape (the message names it and the valid choices).
+      TypeError: ``predict`` is not callable.
+
+    Example:
+        ```python
+        m = rt.deploy(xshare.model(predict, params, inputs={"x": ("float32", (64,))}, name="digits"))
+        m.infer({"x": batch})
+        ```
     """
     if not callable(predict):
         raise TypeError(f"predict={predict!r} must be callable as predict(params, inputs) -> outputs")
