@@ -91,7 +91,10 @@ def _run(block: blocks.Block, page: Page, env: dict[str, str]) -> None:
         EXECUTED["file"] += 1
     elif block.kind == "python":
         with _inside(page, env):
-            exec(compile(block.code, block.id, "exec"), page.ns)  # noqa: S102 - the docs' own code
+            if block.code.lstrip().startswith(">>>"):  # a session transcript: its outputs are checked
+                _doctest(block, page.ns)
+            else:
+                exec(compile(block.code, block.id, "exec"), page.ns)  # noqa: S102 - the docs' own code
         EXECUTED["python"] += 1
     elif block.kind == "bash":
         proc = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", block.code], cwd=page.dir,
@@ -101,6 +104,20 @@ def _run(block: blocks.Block, page: Page, env: dict[str, str]) -> None:
             f"{block.id}: exit {proc.returncode}\n--- block ---\n{block.code}"
             f"--- stdout ---\n{proc.stdout[-3000:]}\n--- stderr ---\n{proc.stderr[-3000:]}")
         EXECUTED["bash"] += 1
+
+
+def _doctest(block: blocks.Block, ns: dict[str, Any]) -> None:
+    """A ``>>>`` block runs like a doctest in the page's namespace; each shown output must match
+    (whitespace-normalized, ``...`` as a wildcard)."""
+    import doctest
+
+    test = doctest.DocTestParser().get_doctest(block.code, ns, block.id, block.page, block.line)
+    flags = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
+    runner = doctest.DocTestRunner(optionflags=flags)
+    out: list[str] = []
+    runner.run(test, out=out.append, clear_globs=False)
+    ns.update(test.globs)  # DocTest ran on a copy; what it defined is the page's, as after exec
+    assert runner.failures == 0, "".join(out)
 
 
 @pytest.mark.parametrize("block", [pytest.param(b, id=b.id, marks=[pytest.mark.slow] if b.slow else [])
@@ -164,3 +181,13 @@ def test_the_collector_reads_the_convention(tmp_path):
     (tmp_path / "docs" / "p.md").write_text("<!-- no-run: GPU -->\n\ntext\n", encoding="utf-8")
     with pytest.raises(blocks.MarkerError, match="not followed by a code fence"):
         blocks.collect(tmp_path)
+
+
+def test_a_transcript_block_checks_its_outputs(tmp_path):
+    ns: dict[str, Any] = {}
+    good = blocks.Block("p.md", 1, "python", None, ">>> x = 2\n>>> x + 1\n3\n", None)
+    _doctest(good, ns)
+    assert ns["x"] == 2  # names stay in the page's namespace, for the blocks after it
+    bad = blocks.Block("p.md", 5, "python", None, ">>> x + 1\n4\n", None)
+    with pytest.raises(AssertionError, match=r"Expected:\s+4\s+Got:\s+3"):
+        _doctest(bad, ns)
