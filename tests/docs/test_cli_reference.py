@@ -7,7 +7,7 @@ import re
 
 from tests.docs import blocks
 
-SCRIPT = blocks.REPO / "docs" / "_hooks" / "cli_reference.py"
+SCRIPT = blocks.REPO / "docs" / "_gen" / "cli_reference.py"
 
 
 def _generator():
@@ -20,7 +20,7 @@ def _generator():
 def test_the_cli_page_matches_the_parsers():
     gen = _generator()
     assert gen.PAGE.read_text(encoding="utf-8") == gen.render(), (
-        "docs/reference/cli.md is stale: run python docs/_hooks/cli_reference.py")
+        "docs/reference/cli.md is stale: run python docs/_gen/cli_reference.py")
 
 
 def test_the_cli_page_names_every_subcommand_and_option():
