@@ -13,6 +13,9 @@ The convention every page follows (docs/contributing.md says it to writers):
 - ``<!-- slow -->`` on the line before a fence marks a block that takes more than a few
   seconds (``pytest.mark.slow``: the full run runs it, ``-m "not slow"`` leaves it out); put
   such blocks where no later block of the page needs what they make;
+- ``<!-- background: READY -->`` on the line before a ```bash fence starts it in the background
+  (a server: ``xshare serve``) and goes on once its output shows READY; it is stopped with
+  SIGINT when its page's blocks are done (or at the end of the run);
 - any other fence (```text, ```console, ```toml without a title, ...) is prose.
 
 Parsing is plain text and tolerant of what other writers add (indented fences inside lists,
@@ -33,6 +36,7 @@ _NO_RUN = re.compile(r"^\s*<!--\s*no-run\s*:\s*(?P<reason>.*?)\s*-->\s*$")
 # a line that is only an HTML comment mentioning no-run (prose that quotes the marker inline is not)
 _NO_RUN_LOOSE = re.compile(r"^\s*<!--.*\bno[-_ ]?run\b.*-->\s*$", re.IGNORECASE)
 _SLOW = re.compile(r"^\s*<!--\s*slow\s*-->\s*$")
+_BACKGROUND = re.compile(r"^\s*<!--\s*background\s*:\s*(?P<ready>.*?)\s*-->\s*$")
 _TITLE = re.compile(r"""title\s*=\s*(?:"([^"]*)"|'([^']*)')""")
 
 
@@ -45,6 +49,7 @@ class Block:
     code: str
     skip: str | None   # the no-run reason, if any
     slow: bool = False  # <!-- slow -->: left out of `pytest -m "not slow"`
+    background: str | None = None  # <!-- background: READY -->: a server, started and left running
 
     @property
     def id(self) -> str:
@@ -97,19 +102,20 @@ def parse(path: Path, repo: Path = REPO) -> list[Block]:
         i += 1  # past the closing fence (or the end of an unclosed one: markdown closes it there)
         lang = re.split(r"[\s{]", info.lstrip("{. "), maxsplit=1)[0].lower() if info else ""
         title = _TITLE.search(info)
-        skip, slow = _markers(rel, lines, start)
+        skip, slow, background = _markers(rel, lines, start)
         blocks.append(Block(page=rel, line=start + 1, lang=lang,
                             title=(title[1] or title[2]) if title else None,
-                            code="\n".join(body) + "\n", skip=skip, slow=slow))
+                            code="\n".join(body) + "\n", skip=skip, slow=slow, background=background))
     return blocks
 
 
-def _markers(rel: str, lines: list[str], fence: int) -> tuple[str | None, bool]:
-    """(no-run reason, slow) from the HTML comment lines right above the fence at ``fence``."""
+def _markers(rel: str, lines: list[str], fence: int) -> tuple[str | None, bool, str | None]:
+    """(no-run reason, slow, background ready text) from the HTML comment lines right above
+    the fence at ``fence``."""
     j = fence - 1
     while j >= 0 and not lines[j].strip():
         j -= 1
-    reason, slow = None, False
+    reason, slow, background = None, False, None
     while j >= 0 and lines[j].strip().startswith("<!--") and lines[j].strip().endswith("-->"):
         m = _NO_RUN.match(lines[j])
         if m:
@@ -119,11 +125,16 @@ def _markers(rel: str, lines: list[str], fence: int) -> tuple[str | None, bool]:
             reason = m["reason"]
         elif _SLOW.match(lines[j]):
             slow = True
+        elif _BACKGROUND.match(lines[j]):
+            background = _BACKGROUND.match(lines[j])["ready"]
+            if not background:
+                raise MarkerError(f"{rel}:{j + 1}: '<!-- background: -->' needs the text the server "
+                                  "prints when it is ready, e.g. '<!-- background: listening on -->'")
         elif _NO_RUN_LOOSE.search(lines[j]):
             raise MarkerError(f"{rel}:{j + 1}: {lines[j].strip()!r} is not a no-run marker; write it "
                               "exactly as '<!-- no-run: REASON -->' on the line before the fence")
         j -= 1
-    return reason, slow
+    return reason, slow, background
 
 
 def _check_stray_marker(rel: str, lines: list[str], i: int) -> None:

@@ -13,8 +13,10 @@ import dataclasses
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -41,10 +43,57 @@ class Page:
     dir: Path
     ns: dict[str, Any]
     ran: set[str] = dataclasses.field(default_factory=set)  # ids of the blocks that have run
+    servers: list[subprocess.Popen] = dataclasses.field(default_factory=list)  # background blocks
     broken: str | None = None  # the id of a block that failed: the later ones cannot run
 
 
 _PAGES: dict[str, Page] = {}
+
+
+SERVER_READY_S = 180
+
+
+def _start_server(block: blocks.Block, page: Page, env: dict[str, str]) -> None:
+    """A ``<!-- background: READY -->`` block: start it as a reader would in another terminal
+    and wait until its output shows READY."""
+    log_path = page.dir / f".background-{block.line}.log"
+    log = open(log_path, "w")
+    proc = subprocess.Popen(["bash", "-c", "exec " + block.code.strip()], cwd=page.dir,
+                            env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)  # its own group: SIGINT reaches it alone
+    log.close()
+    page.servers.append(proc)
+    deadline = time.monotonic() + SERVER_READY_S
+    while time.monotonic() < deadline:
+        out = log_path.read_text(errors="replace")
+        if block.background in out:
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"{block.id}: exited {proc.returncode} before printing "
+                                 f"{block.background!r}:\n{out[-3000:]}")
+        time.sleep(0.2)
+    raise AssertionError(f"{block.id}: no {block.background!r} within {SERVER_READY_S} s:\n"
+                         f"{log_path.read_text(errors='replace')[-3000:]}")
+
+
+def _stop_servers(page: Page) -> None:
+    """Ctrl-C, as the reader would; SIGKILL only if it does not stop within a minute."""
+    for proc in page.servers:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    page.servers.clear()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _servers_stop_at_the_end():
+    yield
+    for page in _PAGES.values():
+        _stop_servers(page)
 
 
 @pytest.fixture(scope="session")
@@ -103,6 +152,9 @@ def _run(block: blocks.Block, page: Page, env: dict[str, str]) -> None:
             else:
                 exec(compile(block.code, block.id, "exec"), page.ns)  # noqa: S102 - the docs' own code
         EXECUTED["python"] += 1
+    elif block.kind == "bash" and block.background:
+        _start_server(block, page, env)
+        EXECUTED["bash"] += 1
     elif block.kind == "bash":
         proc = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", block.code], cwd=page.dir,
                               env={**os.environ, **env}, capture_output=True, text=True,
@@ -134,15 +186,18 @@ def test_block(block: blocks.Block, docs_env, tmp_path_factory):
         EXECUTED["skipped"] += 1
         pytest.skip(f"no-run: {block.skip}")
     page = _page(block, tmp_path_factory)
+    for other in _PAGES.values():  # a page's servers live while its own blocks run
+        if other is not page:
+            _stop_servers(other)
     if page.broken:
         pytest.fail(f"not run: {page.broken}, earlier on the page, failed")
-    # The blocks above it first, as a reader runs them. A slow block above is not rerun for a
-    # later one (writers put slow blocks where no later block needs what they make), so
-    # `-m "not slow"` does leave their time out.
     if block.id in page.ran:  # ran already, as a block above one selected before it
         return
+    # The blocks above it first, as a reader runs them. A slow block above runs only for a slow
+    # block (writers put slow blocks where no fast block after them needs what they make), so
+    # `-m "not slow"` does leave their time out.
     above = [b for b in RUNNABLE if b.page == block.page and b.line < block.line
-             and not b.skip and not b.slow]
+             and not b.skip and (block.slow or not b.slow)]
     for earlier in [b for b in above if b.id not in page.ran] + [block]:
         try:
             _run(earlier, page, docs_env)
