@@ -90,7 +90,8 @@ def main(argv: list[str]) -> int:
     text = render()
     if "--check" in argv:
         if PAGE.read_text(encoding="utf-8") != text:
-            print(f"{PAGE.relative_to(REPO)} is stale: run python docs/_gen/cli_reference.py", file=sys.stderr)
+            print(f"{PAGE.relative_to(REPO)} is stale: run python docs/_gen/cli_reference.py",
+                  file=sys.stderr)
             return 1
         return 0
     PAGE.write_text(text, encoding="utf-8")
