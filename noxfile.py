@@ -1,4 +1,4 @@
-"""The test matrix: both ends of the supported range (README, "Supported versions").
+"""The test matrix: both ends of the supported range (docs/index.md, "Supported versions").
 
     nox                 # both sessions
     nox -s oldest       # Python 3.11 + jax 0.10.x, the full suite

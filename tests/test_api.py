@@ -1,4 +1,4 @@
-"""The public API contract of DESIGN.md: names, shapes, ownership, errors."""
+"""The public API contract (docs/reference/api.md): names, shapes, ownership, errors."""
 
 from __future__ import annotations
 

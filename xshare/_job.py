@@ -57,6 +57,7 @@ class JobSpec:
 
     @property
     def fn(self) -> Callable:
+        """The step function the job runs (the undecorated ``(state, batch) -> (state, metrics)``)."""
         return self.job.fn
 
     def replace(self, **changes: Any) -> "JobSpec":
@@ -129,6 +130,16 @@ class Job:
           eval_data: the held-out batches: a sequence, or any iterable that can be iterated
             again for each evaluation (not a one-shot iterator or generator).
           eval_every: evaluate every this many steps (a positive int); None: only at the end.
+
+        Returns:
+          A :class:`JobSpec` for ``Runtime.submit``, ``submit_many`` or ``xshare.run``.
+
+        Raises:
+          ValueError: ``steps`` is not a non-negative int (or None), a callable ``data`` without
+            ``steps``, a ``priority`` that is not an int, an unknown ``nan_policy``, or an
+            inconsistent evaluation (``eval_step`` without ``eval_data`` or the reverse,
+            ``eval_every`` not a positive int, empty or one-shot ``eval_data``).
+          TypeError: ``data`` is neither an iterable nor a callable.
         """
         if steps is not None and (not isinstance(steps, int) or isinstance(steps, bool) or steps < 0):
             raise ValueError(f"steps={steps!r} must be a non-negative int, or None to run until data ends")
@@ -190,8 +201,37 @@ def _is_iterable(obj: Any) -> bool:
     return True
 
 
-def job(fn: Callable | None = None, *, name: str | None = None, donate: bool = True):
-    """Decorator: ``@xshare.job`` or ``@xshare.job(name="mlp", donate=True)``."""
+def job(fn: Callable | None = None, *, name: str | None = None,
+        donate: bool = True) -> "Job | Callable[[Callable], Job]":
+    """Make a step function ``(state, batch) -> (new_state, metrics)`` a job that a Runtime can run.
+
+    Used bare (``@xshare.job``) or with arguments (``@xshare.job(name="mlp", donate=True)``).
+    The step is plain JAX: no ``jax.jit`` needed. ``metrics`` is a pytree of scalars (e.g.
+    ``{"loss": loss}``). The decorated step is still callable: one step under ``jax.jit`` with
+    the state donated.
+
+    Args:
+      fn: the step function (when used bare).
+      name: the default job-name prefix (default: the function's name).
+      donate: donate the state to each step (default True: the runtime's memory model assumes
+        it; XLA then updates the state in place).
+
+    Returns:
+      The :class:`Job`; with only keyword arguments, a decorator that makes one.
+
+    Raises:
+      TypeError: ``fn`` is not callable.
+
+    Example:
+        ```python
+        @xshare.job
+        def train_step(state, batch):
+            loss, grads = jax.value_and_grad(loss_fn)(state, batch)
+            return jax.tree.map(lambda p, g: p - 0.01 * g, state, grads), {"loss": loss}
+
+        spec = train_step.bind(state, data, steps=100)
+        ```
+    """
     if fn is None:
         return lambda f: Job(f, name=name, donate=donate)
     return Job(fn, name=name, donate=donate)

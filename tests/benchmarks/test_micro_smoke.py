@@ -1,7 +1,7 @@
 """Each benchmark script runs end to end with ``--smoke`` and writes well-formed results
 (through the shared harness, :mod:`xshare.bench.harness`).
 
-Only the files are checked, never the numbers: benchmarks are not timed tests (DESIGN.md), and
+Only the files are checked, never the numbers: benchmarks are measurements, never timed tests, and
 a smoke configuration is far too small to mean anything.
 """
 

@@ -35,7 +35,7 @@ def test_an_unusable_analysis_is_refused_never_taken_as_zero(stats):
 
 
 def test_the_donated_compile_reports_temporaries():
-    # Donation matters: without it XLA packs temporaries into the outputs (DESIGN.md).
+    # Donation matters: without it XLA packs temporaries into the outputs (docs/explanation/memory.md).
     spec = heavy_step.bind(heavy_state(dim=128), heavy_data(dim=128, batch=64), steps=1, name="h")
     fp = compile_step(spec.fn, spec.state, spec.data(0), device=jax.devices()[0], prefetch=2).footprint
     assert fp.persistent == 128 * 128 * 4 + 4

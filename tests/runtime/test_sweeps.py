@@ -185,7 +185,7 @@ def test_a_job_that_ran_alone_moves_into_the_group_a_later_peer_opens():
         time.sleep(0.001)
         return _data(step)
 
-    # SGD: over 3000 steps Adam would amplify the fused reduction-order drift (README, "Numerics")
+    # SGD: over 3000 steps Adam would amplify the fused reduction-order drift (docs/explanation/numerics.md)
     first = ts_step.bind(_state(width, optax.sgd(1e-2)), slow_data, steps=3000, name="first")
     later = ts_step.bind(_state(width, optax.sgd(3e-3)), _data, steps=100, name="later")
     with xshare.Runtime(policy="pack", fuse=True) as rt:

@@ -9,7 +9,7 @@ Identity is data: the last operand of each fence is ``ident``, an int32[3]
 ``[ring_id, job_id, lane_id]`` (``ident()`` builds it). No attribute names the job, so the
 program of ``fenced(fn)`` is the same for every job and N jobs share one compile.
 
-Ordering comes only from data dependencies (DESIGN.md, "XLA FFI fences"): every op of the
+Ordering comes only from data dependencies (docs/explanation/ffi-fences.md): every op of the
 step consumes what ``begin`` returns, and ``end`` consumes every output, so ``begin`` runs
 when all inputs are ready and ``end`` after the last op. No ``has_side_effect`` (it puts
 every call on JAX's slow dispatch path); fence outputs must be used, or XLA removes them.

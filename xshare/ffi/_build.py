@@ -54,7 +54,7 @@ SOURCES = (CPU_SRC, CUDA_SRC)
 CPU_LIB = "libxshare_fences.so"
 CUDA_LIB = "libxshare_fences_cuda.so"
 
-# Plain flags, per DESIGN.md: no -fvisibility=hidden (it hides the handler symbols).
+# Plain flags (docs/explanation/ffi-fences.md): no -fvisibility=hidden (it hides the handler symbols).
 CXXFLAGS = ["-std=c++17", "-O2", "-fPIC", "-shared", "-pthread"]
 
 NO_COMPILER = (

@@ -145,7 +145,7 @@ def _load() -> None:
     import jax
 
     # Create the backends before registering anything: a CPU client created lazily later
-    # flushes handlers before types and fails with FAILED_PRECONDITION (DESIGN.md).
+    # flushes handlers before types and fails with FAILED_PRECONDITION (docs/explanation/ffi-fences.md).
     jax.devices()
     want_cuda = _cuda_backend()
     try:

@@ -39,9 +39,11 @@ class Footprint:
 
     @property
     def total(self) -> int:
+        """Bytes the job needs while a step runs: resident (persistent + staging) + ephemeral."""
         return self.resident + self.ephemeral
 
     def describe(self) -> str:
+        """``"P ... + staging ... + E ..."``, as admission messages say it."""
         return (f"P {format_bytes(self.persistent)} + staging {format_bytes(self.staging)}"
                 f" + E {format_bytes(self.ephemeral)}")
 

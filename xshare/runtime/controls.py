@@ -16,6 +16,7 @@ class Controls:
 
     @property
     def jobs(self) -> list[JobHandle]:
+        """The handles of every job submitted to this runtime, in submission order."""
         with self._lock:
             return list(self._handles.values())
 
@@ -51,6 +52,11 @@ class Controls:
         self._control("cancel", job)
 
     def set_priority(self, job: str | int | JobHandle, priority: int) -> None:
+        """Change a job's priority (larger runs first under ``priority``; ties by arrival).
+
+        Raises:
+          ValueError: ``priority`` is not an int.
+        """
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise ValueError(f"priority={priority!r} must be an int")
         self._control("set_priority", job, priority)

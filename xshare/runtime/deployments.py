@@ -18,12 +18,20 @@ class Deployments:
     """A part of ``Runtime``: its models next to its jobs."""
 
     def deploy(self, spec: Any) -> Any:
-        """Deploy a model (``xshare.model(...)``) next to the jobs; returns its ``ModelHandle``.
+        """Deploy a model (``xshare.model(...)``) next to the jobs.
 
         Compiles ``predict`` for each padded batch size on this thread, admits the model by
-        memory (params persistent, the largest bucket ephemeral; ``AdmissionError`` if it does
-        not fit now), puts the params on the device once, and from then on the dispatcher runs
-        its batches between training steps. HTTP: ``POST /v2/models/{name}/infer``.
+        memory (params persistent, the largest bucket ephemeral), puts the params on the device
+        once, and from then on the dispatcher runs its batches between training steps. HTTP:
+        ``POST /v2/models/{name}/infer``.
+
+        Returns:
+          The model's :class:`ModelHandle`.
+
+        Raises:
+          AdmissionError: the model does not fit in the arena now (it does not wait in the job
+            queue); the message names its ``P + E`` and what is free.
+          TypeError: ``spec`` is not from ``xshare.model``.
         """
         from ..serving.spec import ModelSpec
         from .hub import Hub, ModelHandle

@@ -10,7 +10,7 @@ fails that member alone; see README for what an exception inside the step does).
 
 Numerics: a member computes exactly what the same vmapped step computes in a plain loop at the
 same capacity, whatever the other slots hold (vmap adds no reduction across slots). It is not
-bit-identical to the unfused job: vmap changes XLA's reduction order (README: "Fused sweeps").
+bit-identical to the unfused job: vmap changes XLA's reduction order (docs/explanation/fusion.md).
 
 One compiled executable per (program, capacity, fenced), cached process-wide like the programs.
 """

@@ -21,10 +21,12 @@ class JobHandle:
 
     @property
     def name(self) -> str:
+        """The job's unique name in its runtime."""
         return self._rec.name
 
     @property
     def id(self) -> int:
+        """The job's id in its runtime (also accepted by the controls)."""
         return self._rec.id
 
     def status(self) -> str:
@@ -37,10 +39,12 @@ class JobHandle:
         return self._rec.state
 
     def progress(self) -> Progress:
+        """The job's :class:`Progress` now: status, steps, the last metrics, rate, lane."""
         return self._rec.progress(now_s() - self._rt.t0)
 
     @property
     def error(self) -> str | None:
+        """Why the job failed, in one line (``None`` unless it failed); ``exception`` holds the error."""
         return self._rec.error
 
     @property
@@ -54,11 +58,24 @@ class JobHandle:
         return self._rec.done_event.wait(timeout)
 
     def result(self, timeout: float | None = None) -> tuple[Any, dict[str, float] | None]:
-        """(final state as numpy arrays on the host, last metrics). Raises JobFailed (or
-        AdmissionError, for a job that can never fit in the arena) or JobCancelled.
+        """Wait for the job to end and return ``(final state, last metrics)``.
 
-        A spec with a ``result_transform`` (``xshare.nnx`` jobs) gets it applied to the state:
-        an NNX job's result is ``(new NNX objects, metrics)``, new objects on every call."""
+        The state is on the host (numpy arrays). A spec with a ``result_transform``
+        (``xshare.nnx`` jobs) gets it applied: an NNX job's result is ``(new NNX objects,
+        metrics)``, new objects on every call.
+
+        Args:
+          timeout: seconds to wait (None: until the job ends).
+
+        Returns:
+          ``(state, metrics)``; ``metrics`` is None for a job that ran no step.
+
+        Raises:
+          JobFailed: the job failed (``error`` says why).
+          AdmissionError: the job can never fit in the arena (with the numbers).
+          JobCancelled: the job was cancelled before it finished.
+          TimeoutError: it did not end within ``timeout``.
+        """
         if not self.wait(timeout):
             raise TimeoutError(f"job {self.name!r} still {self.status()} after {timeout} s")
         rec = self._rec
@@ -73,15 +90,19 @@ class JobHandle:
         return state, rec.last_metrics
 
     def pause(self, *, offload: bool = False) -> None:
+        """``Runtime.pause`` of this job."""
         self._rt.pause(self, offload=offload)
 
     def resume(self) -> None:
+        """``Runtime.resume`` of this job."""
         self._rt.resume(self)
 
     def cancel(self) -> None:
+        """``Runtime.cancel`` of this job."""
         self._rt.cancel(self)
 
     def set_priority(self, priority: int) -> None:
+        """``Runtime.set_priority`` of this job."""
         self._rt.set_priority(self, priority)
 
     def __repr__(self) -> str:

@@ -184,6 +184,7 @@ class ModelHandle:
 
     @property
     def name(self) -> str:
+        """The model's name (its route: ``/v2/models/{name}``)."""
         return self._d.name
 
     @property
@@ -221,9 +222,12 @@ class ModelHandle:
         return self.submit(inputs, priority=priority, timeout_us=timeout_us).result(timeout)
 
     def ready(self) -> bool:
+        """Whether the model is deployed and answering (false once it is being undeployed)."""
         return self._m.state == "ready"
 
     def metadata(self) -> dict[str, Any]:
+        """The model's OIP metadata: its name, versions, inputs and outputs with datatypes and
+        shapes (``-1`` is the batch)."""
         meta = self._m.metadata()
         hub = self._rt._dispatcher.serving
         if not self._pinned and hub is not None:  # the name's metadata lists every deployed version
@@ -231,6 +235,7 @@ class ModelHandle:
         return meta
 
     def stats(self) -> dict[str, Any]:
+        """The model's counters and latencies, as in the status document's ``models[]``."""
         return self._m.stats()
 
     @property

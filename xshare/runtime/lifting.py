@@ -21,7 +21,7 @@ higher-order primitive is refused (:class:`NotLiftable`), and those jobs keep th
 
 Numerics: a lifted program runs the same operations on the same values, but XLA can no longer
 fold or strength-reduce a constant it does not see, so it is not promised bit-identical to the
-literal program (README, "Fused sweeps"). The runtime lifts only for fused groups, whose members
+literal program (docs/explanation/fusion.md). The runtime lifts only for fused groups, whose members
 are already within a tolerance of their unfused runs; unfused jobs keep their exact programs.
 """
 

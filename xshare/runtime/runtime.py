@@ -88,7 +88,7 @@ class Runtime(Preparation, Deployments, Controls):
         one (a finished job comes back done at once, with its saved final state).
       compile_workers: threads that trace and compile jobs (cache misses only).
       fuse: run jobs that share a program as fused groups: one vmapped executable steps them
-        all, each still its own job (README: "Fused sweeps"). Off by default.
+        all, each still its own job (docs/explanation/fusion.md). Off by default.
       steps_per_call: the most steps one executable call may run (like Keras'
         ``steps_per_execution``). "auto" (default): each job starts one step per call; a K-step
         program (a scan over K stacked batches) compiles in the background where the job's
@@ -216,10 +216,12 @@ class Runtime(Preparation, Deployments, Controls):
     # ------------------------------------------------------------------ public API
     @property
     def fences(self) -> bool:
+        """Whether this runtime's steps carry FFI fences (device timestamps in ``timeline()``)."""
         return self._ring is not None
 
     @property
     def peak_in_flight_bytes(self) -> int:
+        """The most arena bytes ever reserved by steps in flight at once (persistent + ephemeral)."""
         return self._dispatcher.peak_in_flight_bytes
 
     @property
@@ -240,6 +242,14 @@ class Runtime(Preparation, Deployments, Controls):
         can never fit in the arena ends ``failed`` and its ``result()`` raises AdmissionError
         with the numbers. A job whose step fails to compile ends ``failed`` with the compiler's
         message (see ``handle.error``), like any other failure of one job.
+
+        Returns:
+          The job's :class:`JobHandle`.
+
+        Raises:
+          XShareError: the runtime is closed.
+          ValueError: a job of that name was already submitted to this runtime.
+          TypeError: ``spec`` is not a JobSpec.
         """
         return self.submit_many([spec])[0]
 
@@ -316,6 +326,12 @@ class Runtime(Preparation, Deployments, Controls):
         return True
 
     @property
+    def address(self) -> str | None:
+        """``HOST:PORT`` of this runtime's HTTP server (``/status``, ``/metrics``, ``/v2``
+        inference), or None when it was built without ``status_port``."""
+        return None if self.status_server is None else self.status_server.address
+
+    @property
     def closed(self) -> bool:
         """Whether ``close()`` (or ``stop()``) has begun: the runtime takes no more work."""
         return self._closed
@@ -326,6 +342,7 @@ class Runtime(Preparation, Deployments, Controls):
         return self.timeline_.steps()
 
     def progress(self) -> list[Progress]:
+        """Every submitted job's :class:`Progress`, in submission order."""
         now = now_s() - self.t0
         return [h._rec.progress(now) for h in self.jobs]
 
@@ -442,8 +459,20 @@ def run(specs: Iterable[JobSpec], *, policy: str = "pack", memory: int | str | N
         return_exceptions: bool = False, **runtime_kwargs: Any) -> list[tuple[Any, Any] | BaseException]:
     """Run ``specs`` in one Runtime and return each job's ``(state, metrics)``, in order.
 
-    If a job fails, its JobFailed is raised after every job has ended (so the others' work is
-    not lost), unless ``return_exceptions=True``, which puts the exception in its slot instead.
+    Args:
+      specs: bound jobs (``step.bind(...)``).
+      policy: the scheduling policy (see ``xshare.POLICIES``).
+      memory: the arena's size, as for :class:`Runtime`.
+      return_exceptions: put a failed job's exception in its slot instead of raising.
+      **runtime_kwargs: any other :class:`Runtime` argument (``fuse=True``, ``log_dir=...``).
+
+    Returns:
+      One ``(final state, last metrics)`` per spec, in order (or the exception, with
+      ``return_exceptions=True``).
+
+    Raises:
+      JobFailed: a job failed (raised after every job has ended, so the others' work is not
+        lost). AdmissionError or JobCancelled likewise.
     """
     with Runtime(policy=policy, memory=memory, **runtime_kwargs) as rt:
         handles = rt.submit_many(specs)

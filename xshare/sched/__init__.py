@@ -31,6 +31,8 @@ _BY_NAME: dict[str, type] = {
     "fifo": Fifo, "pack": Pack, "srtf": Srtf, "fair": Fair, "priority": Priority,
 }
 POLICIES: tuple[str, ...] = tuple(_BY_NAME)
+"""The policy names ``Runtime(policy=...)``, ``xshare.run`` and ``xshare launch --policy`` accept:
+``fifo``, ``pack``, ``srtf``, ``fair``, ``priority``."""
 
 
 def get_policy(name: str | Policy) -> Policy:

@@ -22,7 +22,7 @@ JSON or a body over ``INFER_MAX_BODY_BYTES``; 404 an unknown model; 503 + ``Retr
 full queue; 500 this batch's predict raised (the next batch is served).
 
 No token: OIP clients (tritonclient, KServe) send none, and asking a model changes nothing.
-The server listens on loopback unless the user gives another address (README: Serving).
+The server listens on loopback unless the user gives another address (docs/reference/http.md).
 Only the public runtime API is used (``rt.model(name)``, ``handle.submit``).
 """
 

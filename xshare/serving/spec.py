@@ -50,6 +50,7 @@ class ModelSpec:
     version: int = 1               # several versions of a name may be deployed; the highest ready answers
 
     def datatype(self, input_name: str) -> str:
+        """The Open Inference Protocol datatype (``"FP32"``, ...) of input ``input_name``."""
         return OIP_DATATYPES[self.inputs[input_name][0]]
 
 
@@ -59,24 +60,46 @@ def model(predict: Callable[[Any, dict[str, Any]], Any], params: Any,
           buckets: tuple[int, ...] | None = None, max_queue: int | None = None,
           preferred_batch_sizes: tuple[int, ...] = (), priority_levels: int = 0,
           default_priority_level: int | None = None, version: int = 1) -> ModelSpec:
-    """A model spec for ``Runtime.deploy``.
+    """A model spec for ``Runtime.deploy``: ``predict(params, inputs) -> outputs`` served in batches.
 
-    ``inputs``: ``{name: (dtype, shape)}``, the shape of *one* row (the batch axis is added).
-    ``max_batch``: the most rows one execution takes; ``max_delay_ms``: how long the oldest
-    waiting request may wait for others to join its batch (Triton's
-    ``max_queue_delay_microseconds``). The default, 0, is Triton's default: the batcher does not
-    delay; it runs what is waiting (up to ``max_batch``) as soon as the device is free, so
-    requests that arrive while a batch runs form the next one. ``priority``: between models, the
-    higher goes first; a due batch always goes before training steps (at the next iteration
-    boundary). ``buckets``: padded batch sizes compiled ahead (default 1, 4, 16, ``max_batch``).
-    ``max_queue``: rows that may wait (default ``8 * max_batch``); more get 503 + Retry-After.
-    ``preferred_batch_sizes``: as Triton's dynamic batcher's: when the oldest requests add up to
-    one of these row counts, that batch runs at once, without waiting ``max_delay_ms``.
-    ``priority_levels``: requests may name a ``priority`` from 1 (first) to this (Triton's
-    schedule-policy parameter); within a model, a higher level is taken first, arrival order
-    within a level. ``default_priority_level``: the level of requests that name none (default:
-    the middle level). ``version``: a model name may be deployed at several versions
-    (``/v2/models/{name}/versions/{v}``); a request naming no version goes to the highest ready one.
+    Args:
+      predict: pure JAX over a batch: ``inputs`` is a dict of arrays whose first axis is the
+        batch; it returns a dict of arrays (or one array, named ``output``) with the same first
+        axis.
+      params: the pytree ``predict`` takes first; placed on the device once.
+      inputs: ``{name: (dtype, shape)}``, the shape of *one* row (the batch axis is added).
+      name: the model's name and route (``/v2/models/{name}``; default: ``predict``'s name).
+      max_batch: the most rows one execution takes.
+      max_delay_ms: how long the oldest waiting request may wait for others to join its batch
+        (Triton's ``max_queue_delay_microseconds``). The default, 0, is Triton's default: the
+        batcher does not delay; it runs what is waiting (up to ``max_batch``) as soon as the
+        device is free, so requests that arrive while a batch runs form the next one.
+      priority: between models, the higher goes first; a due batch always goes before
+        training steps (at the next iteration boundary).
+      buckets: padded batch sizes compiled ahead (default 1, 4, 16, ``max_batch``).
+      max_queue: rows that may wait (default ``8 * max_batch``); more get 503 + Retry-After.
+      preferred_batch_sizes: as Triton's dynamic batcher's: when the oldest requests add up to
+        one of these row counts, that batch runs at once, without waiting ``max_delay_ms``.
+      priority_levels: requests may name a ``priority`` from 1 (first) to this (Triton's
+        schedule-policy parameter); within a model, a higher level is taken first, arrival
+        order within a level.
+      default_priority_level: the level of requests that name none (default: the middle level).
+      version: a model name may be deployed at several versions
+        (``/v2/models/{name}/versions/{v}``); a request naming no version goes to the highest
+        ready one.
+
+    Returns:
+      A :class:`ModelSpec`.
+
+    Raises:
+      ValueError: a bad name, size, dtype or shape (the message names it and the valid choices).
+      TypeError: ``predict`` is not callable.
+
+    Example:
+        ```python
+        m = rt.deploy(xshare.model(predict, params, inputs={"x": ("float32", (64,))}, name="digits"))
+        m.infer({"x": batch})
+        ```
     """
     if not callable(predict):
         raise TypeError(f"predict={predict!r} must be callable as predict(params, inputs) -> outputs")

@@ -388,8 +388,16 @@ def optimize(study: optuna.Study, objective: Callable[[optuna.Trial], Any], n_tr
       callbacks: ``callback(study, frozen_trial)`` after each trial is told.
 
     A job that fails fails its trial (FAIL, its error in the ``xshare_error`` user attribute);
-    the study goes on. A metric the job never reports is a ``ValueError`` naming the metrics it
-    does report. Returns ``study``.
+    the study goes on.
+
+    Returns:
+      ``study``, with the trials told.
+
+    Raises:
+      ValueError: a multi-objective study, a bad ``n_trials``/``report_every``/``concurrency``/
+        ``timeout``, or a metric the job never reports (naming the metrics it does report).
+      Interrupted: Ctrl-C or SIGTERM stopped it; running trials were told FAIL and enqueued
+        again, so ``optimize`` again on the same storage continues.
     """
     if not isinstance(study, optuna.Study):
         raise TypeError(f"study must be an optuna.Study (optuna.create_study(...)); got {type(study).__name__}")
