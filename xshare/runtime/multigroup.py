@@ -129,6 +129,8 @@ class GroupCalls:
             if k > 1 or job.tier is not None:  # each member's steps per call (status, RESULTS)
                 member = self.tiers.tier(job)
                 member.steps_at[k] = member.steps_at.get(k, 0) + k
+                if group.tier is not None and group.tier.note:
+                    member.note = f"in {group.name}: {group.tier.note}"
             if job.eval is not None:
                 evaluation.due(self, job, step + k - 1)
             steps[slot] = (job, step)

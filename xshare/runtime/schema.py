@@ -116,7 +116,10 @@ STATUS_SCHEMA: dict[str, Any] = {
                      "group": _OPT_STR,                                 # its fused group's name
                      "state": {"type": "string"},                       # the runtime's finer job state
                      "step_times_s": {"type": "array", "items": _NN_NUM},  # the most recent step times
-                     "program": _OPT_STR})},                            # the shared program's key
+                     "program": _OPT_STR,                               # the shared program's key
+                     # steps run per K steps per call, and why (docs/explanation/multi-step.md)
+                     "steps_per_call": {"type": "object", "additionalProperties": _NN_INT},
+                     "programs": {"type": "string"}})},
     }, optional={"groups": {"type": "array", "items": _obj({   # fused groups (Runtime(fuse=True))
         "name": {"type": "string"},
         "id": _NN_INT,

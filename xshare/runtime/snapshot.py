@@ -15,6 +15,8 @@ import time
 from typing import Any
 
 from .records import now_s
+from .tiers import explain as explain_tier
+from .tiers import steps_per_call
 from .schema import SCHEMA_ID
 
 
@@ -140,6 +142,9 @@ def _job(j: Any, now: float) -> dict[str, Any]:
         "ephemeral_bytes": None if fp is None else int(fp.ephemeral),
         "program": None if j.program is None else j.program.key[:12],
         "group": None if j.group is None else j.group.name,
+        # Steps run at each K steps per call, and why the job runs where it runs (tiers.py).
+        "steps_per_call": steps_per_call(j),
+        "programs": explain_tier(j.tier),
         "step_time_histogram": _histogram(times),
         "metrics": None if metrics is None else {str(k): _finite(v) for k, v in metrics.items()},
         "error": j.error,

@@ -186,8 +186,15 @@ class Tiers:
 
 
 def explain(tier: JobTier | None) -> str:
-    """One line for a job's programs: steps run at each K, and why it is where it is."""
-    if tier is None:
+    """Why a job runs where it runs (which K-step form it kept, or why none)."""
+    if tier is None or not tier.note:
         return "one step per call"
-    steps = ", ".join(f"{n} at K={k}" for k, n in sorted(tier.steps_at.items()))
-    return "; ".join(x for x in (steps, tier.note) if x) or "one step per call"
+    return tier.note
+
+
+def steps_per_call(job: Any) -> dict[str, int]:
+    """A job's steps by how many ran per call: ``{"1": n1, "16": n16}`` (status, RESULTS)."""
+    multi = {k: n for k, n in (job.tier.steps_at.items() if job.tier is not None else ()) if k > 1}
+    out = {"1": max(int(job.steps_done) - sum(multi.values()), 0)}
+    out.update({str(k): int(n) for k, n in sorted(multi.items())})
+    return out
