@@ -72,9 +72,9 @@ class MultiCalls:
         if not self._fed(job):
             while len(batches) < want and job.source is not None:
                 produce(job, self.device, blocking=True)
-        n = 0
+        n, like = 0, job.program.batch_struct
         for batch in batches:
-            if n == want or batch is END or isinstance(batch, DataError):
+            if n == want or batch is END or isinstance(batch, DataError) or not multistep.matches(batch, like):
                 break
             n += 1
         return n

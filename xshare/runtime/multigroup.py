@@ -75,7 +75,7 @@ class GroupCalls:
             for i, batch in enumerate(job.batches):
                 if i == k:
                     break
-                if _mismatch(batch, group.zero_batch):
+                if not multistep.matches(batch, group.zero_batch):
                     return None
         taken = {}
         for slot, job in members:
@@ -224,11 +224,5 @@ class GroupCalls:
 def _group_key(group: Group) -> str:
     return f"{group.program.key}/fused{group.capacity}"
 
-
-def _mismatch(batch: Any, like: list) -> bool:
-    if not isinstance(batch, list) or len(batch) != len(like):
-        return True
-    return not all(getattr(x, "shape", None) == z.shape and getattr(x, "dtype", None) == z.dtype
-                   for x, z in zip(batch, like))
 
 

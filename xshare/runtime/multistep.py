@@ -260,6 +260,16 @@ def first_difference(a: list, b: list, what: str) -> str | None:
     return None
 
 
+def matches(batch: Any, like: list) -> bool:
+    """Whether ``batch`` (a list of leaves) has exactly the shapes and dtypes of ``like`` (the
+    compiled batch's structs or arrays): what can be stacked into a K-step call. A batch that
+    does not stops the call before it; the one-step path then fails its job with the reason."""
+    if not isinstance(batch, list) or len(batch) != len(like):
+        return False
+    return all(tuple(getattr(x, "shape", ())) == tuple(z.shape) and getattr(x, "dtype", None) == z.dtype
+               for x, z in zip(batch, like))
+
+
 def stack(batches: list[list]) -> list:
     """K batches (each a list of leaves) as one list of stacked leaves (host arrays)."""
     return [np.stack([np.asarray(b[i]) for b in batches]) for i in range(len(batches[0]))]
