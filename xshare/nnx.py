@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from ._errors import XShareError
 from ._job import Job, JobSpec
 
 __all__ = ["job", "NnxJob", "NnxStepError", "update"]
@@ -175,7 +176,7 @@ def update(objects: Any, result: Any) -> Any:
     return objects
 
 
-class NnxStepError(TypeError):
+class NnxStepError(XShareError, TypeError):
     """An ``xshare.nnx.job`` step returned something other than its metrics."""
 
 

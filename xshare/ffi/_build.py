@@ -30,6 +30,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+try:
+    from .._errors import XShareError
+except ImportError:  # setup.py runs this file by path, outside the package: no parent to import
+    class XShareError(Exception):  # type: ignore[no-redef]  # the build's stand-in for xshare's base
+        pass
+
 __all__ = [
     "BuildError",
     "CPU_LIB",
@@ -69,7 +75,7 @@ _HASH_MARKER = b"xshare-src-hash:"
 _JAXLIB_MARKER = b"xshare-jaxlib:"
 
 
-class BuildError(RuntimeError):
+class BuildError(XShareError, RuntimeError):
     """The FFI fence libraries could not be built (the message says why and what to do)."""
 
 

@@ -17,13 +17,14 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
+from .._errors import XShareError
 from .compiler import PROGRAMS, _avals, abstract
 from .leaves import layout_of
 from .program import _key
 from .source import END
 
 
-class EvalError(ValueError):
+class EvalError(XShareError, ValueError):
     """An ``eval_step``/``eval_data``/``eval_every`` the runtime cannot use (raised at bind)."""
 
 

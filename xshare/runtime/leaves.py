@@ -25,6 +25,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from .._errors import XShareError
+
 _KEY = "key"
 _STATIC = "static"
 
@@ -174,7 +176,7 @@ def as_array(x: Any) -> np.ndarray:
     return np.asarray(x, dtype=jax.dtypes.canonicalize_dtype(value.dtype))
 
 
-class Promote(Exception):
+class Promote(XShareError):
     """The step changed Python numbers of its state (static until now): carry them as arrays."""
 
     def __init__(self, indices: frozenset):

@@ -36,6 +36,8 @@ import jax
 import numpy as np
 from jax.extend.core import ClosedJaxpr, Jaxpr, Literal
 
+from .._errors import XShareError
+
 # Call-like primitives whose sub-jaxpr is the computation itself (param name of the jaxpr).
 _CALLS = {"pjit": "jaxpr", "jit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr",
           "custom_jvp_call": "call_jaxpr", "custom_vjp_call": "call_jaxpr",
@@ -45,7 +47,7 @@ _REBUILT = ("cond", "while", "scan")
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
-class NotLiftable(Exception):
+class NotLiftable(XShareError):
     """A differing constant sits where it cannot become an operand; the message says where."""
 
 

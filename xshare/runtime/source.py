@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator
 import jax
 import numpy as np
 
+from .._errors import XShareError
 from .leaves import layout_of
 
 
@@ -31,7 +32,7 @@ class DataError:
 END = object()  # the data ran out (or the job's step count was reached)
 
 
-class BatchMismatch(Exception):
+class BatchMismatch(XShareError):
     """A batch whose pytree structure differs from the one the step was compiled for."""
 
 

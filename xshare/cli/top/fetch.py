@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 from urllib.parse import quote
 
+from ..._errors import XShareError
+
 SCHEMA_ID = "xshare.status/v1"
 
 
@@ -33,7 +35,7 @@ class View:
     error: str | None = None
 
 
-class NotAStatus(ValueError):
+class NotAStatus(XShareError, ValueError):
     """The address answered, but not with an ``xshare.status/v1`` document."""
 
 
