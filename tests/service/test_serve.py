@@ -14,7 +14,7 @@ import pytest
 
 import xshare
 from xshare.runtime import checkpoint
-from xshare.service.jobs import JobRequest, plan_target, requests_from_plan
+from xshare.jobs.request import JobRequest, plan_target, requests_from_plan
 
 from .conftest import TINY, Served
 

@@ -75,14 +75,14 @@ class JobPlan:
 
 def build(plan: JobPlan) -> Any:
     """The bound ``xshare.JobSpec`` of a plan, through the launcher's own factory call."""
-    from xshare.cli import spec as specs
+    from xshare import jobs as specs
 
     return specs.build(specs.PlannedJob(0, plan.name, plan.entry, dict(plan.params), plan.steps, None, "benchmark"))
 
 
 def expand(entry: str, params: Mapping[str, Any], steps: int | None = None, prefix: str = "") -> list[JobPlan]:
     """A grid of plans, named and expanded exactly as ``xshare launch ENTRY --set ...`` would."""
-    from xshare.cli import spec as specs
+    from xshare import jobs as specs
 
     plan = specs.plan_entry(entry, specs.Overrides(sets=dict(params), steps=steps))
     return [JobPlan(prefix + j.name, j.entry, dict(j.params), j.steps) for j in plan.jobs]

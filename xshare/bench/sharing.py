@@ -84,7 +84,7 @@ def workload(name: str, steps: int | None = None) -> tuple[str, list[H.JobPlan]]
     """A built-in workload, or a TOML launch spec's jobs (its [runtime] is ignored): its
     description and jobs, named as ``xshare launch`` names them; ``steps`` overrides each job's."""
     from xshare._errors import SpecError
-    from xshare.cli import spec as specs
+    from xshare import jobs as specs
 
     if name in BUILTIN:
         description, tables = BUILTIN[name]

@@ -1,6 +1,6 @@
 """``xshare launch``: expand a spec, run its jobs in one runtime, show progress, summarize.
 
-Thin by design: :mod:`xshare.cli.spec` checks and expands, ``xshare.Runtime`` runs, and
+Thin by design: :mod:`xshare.jobs` checks and expands, ``xshare.Runtime`` runs, and
 :mod:`xshare.cli.render` draws. Exit codes: 0 all jobs done, 1 a job failed or was cancelled,
 2 the spec (or the command line) is wrong and nothing was started (no directory is left
 behind), 130 interrupted by SIGINT or SIGTERM at any moment (steps in flight finish, every
@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
 def _launch(args: argparse.Namespace) -> int:
     from xshare._errors import SpecError
     from xshare.cli import render
-    from xshare.cli import spec as specs
+    from xshare import jobs as specs
 
     out = render.console()
     _cwd_on_path()
@@ -151,7 +151,7 @@ def _print_fusion(jobs: list[Any], out: Any) -> None:
 
 def _resume(args: argparse.Namespace, out: Any) -> int:
     from xshare._errors import SpecError
-    from xshare.cli import spec as specs
+    from xshare import jobs as specs
 
     run_dir = Path(args.resume)
     record = run_dir / "spec.json"

@@ -1,6 +1,6 @@
 """``xshare tune SPEC.toml``: an Optuna study whose trials are jobs of one runtime.
 
-Thin: :mod:`xshare.cli.spec.search` reads and checks the spec, :func:`xshare.tune.optimize`
+Thin: :mod:`xshare.jobs.search` reads and checks the spec, :func:`xshare.tune.optimize`
 runs the study, this module builds the sampler/pruner/storage and draws. Exit codes: 0 the
 study ran (some trial completed), 1 no trial completed, 2 a bad spec or command line (nothing is
 started and nothing is left behind), 130 interrupted (running trials are told FAIL and enqueued
@@ -53,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from xshare._errors import SpecError
-    from xshare.cli.spec import parse, search
+    from xshare.jobs import parse, search
 
     _cwd_on_path()
     try:
@@ -149,7 +149,7 @@ def _study(plan: Any, run_dir: Path, args: argparse.Namespace) -> int:
     import xshare
     import xshare.tune
     from xshare.cli import render
-    from xshare.cli.spec.resolve import resolve_entry
+    from xshare.jobs.resolve import resolve_entry
     from xshare.tune._optimize import DEFAULT_CONCURRENCY
 
     out = render.console()

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .._errors import error_line
-from .jobs import JobRequest
+from ..jobs.request import JobRequest
 
 log = logging.getLogger("xshare.ray")
 

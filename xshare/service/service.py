@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import AdmissionError, SpecError, XShareError, error_line
-from .jobs import JobRequest, RequestError, loads
+from ..jobs.request import JobRequest, RequestError, loads
 
 log = logging.getLogger("xshare.service")
 
