@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import json
 import socket
-import time
 
 import jax
 import numpy as np
-import pytest
 
 import xshare
 from xshare.runtime import checkpoint

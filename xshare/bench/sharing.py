@@ -142,7 +142,8 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     for name in cfg.workloads:
         description, plans = workload(name, cfg.steps)
         cfg.log(f"{name}: {description} ({len(plans)} jobs)")
-        runs = H.alternate({m: (lambda m=m: _safe(m, plans, env)) for m in cfg.modes}, cfg.repeats, log=cfg.log)
+        runs = H.alternate({m: (lambda m=m, plans=plans: _safe(m, plans, env)) for m in cfg.modes}, cfg.repeats,
+                           log=cfg.log)
         results["workloads"][name] = {"description": description, "jobs": [p.to_json() for p in plans],
                                       "modes": summarize(runs)}
     if cfg.overhead_pairs:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from xshare._errors import error_line
-from xshare.cli.rundir import (  # noqa: F401 - EXIT_* are launch's public exit codes
+from xshare.cli.rundir import (  # EXIT_* are launch's public exit codes too
     EXIT_INTERRUPTED, EXIT_JOB_FAILED, EXIT_OK, EXIT_USAGE, check_out as _check_out,
     check_ports as _check_ports, cwd_on_path as _cwd_on_path, make_run_dir as _make_run_dir,
     resolved as _resolved, usage_error as _usage_error)
@@ -362,7 +362,7 @@ def _cancel(handles: list[Any]) -> None:
         if cancel is not None:
             try:
                 cancel()
-            except Exception:  # already finished, or the runtime is going down: nothing to undo
+            except Exception:  # noqa: BLE001 - already finished, or the runtime is going down: nothing to undo
                 pass
 
 
@@ -387,7 +387,7 @@ def _summary(handle: Any, run_dir: Path, first_seen: dict[str, dict[str, float]]
             handle.result()
         except JobFailed as err:
             error = err.cause
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001 - whatever it was, the table shows it as the job's error
             error = f"{type(err).__name__}: {err}"
     if error:
         # The cause, not the traceback (that is in log.txt), on one line.

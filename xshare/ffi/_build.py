@@ -147,7 +147,7 @@ def ffi_include_dir() -> Path:
 
         inc = Path(jax.ffi.include_dir())
     except Exception as e:  # pragma: no cover - jax is a hard dependency
-        raise BuildError(f"cannot locate the XLA FFI headers via jax.ffi.include_dir(): {e}")
+        raise BuildError(f"cannot locate the XLA FFI headers via jax.ffi.include_dir(): {e}") from e
     if not (inc / "xla" / "ffi" / "api" / "ffi.h").is_file():
         raise BuildError(f"XLA FFI header xla/ffi/api/ffi.h not found under {inc}")
     return inc

@@ -247,7 +247,7 @@ class Arena:
             lane = self._lanes[self._next_lane] = _Lane(self._next_lane)
             self._next_lane += 1
         else:
-            growth, lane_id = min(((self._growth(l, job), l.id) for l in self._lanes.values()),
+            growth, lane_id = min(((self._growth(ln, job), ln.id) for ln in self._lanes.values()),
                                   default=(self.free + 1, None))
             if growth > self.free:
                 return None
@@ -288,6 +288,6 @@ class Arena:
             return f"{reason}, {ahead} job{'s' if ahead != 1 else ''} ahead in queue"
         # Queued with nothing ahead: P + E and every lane's growth exceed `free`. Sharing a lane
         # may come closer than a lane of its own; say by how much, so the user sees the gap.
-        least = min((self._growth(l, job) for l in self._lanes.values()), default=job.need)
+        least = min((self._growth(ln, job) for ln in self._lanes.values()), default=job.need)
         return f"{reason}; sharing a lane needs {format_bytes(least)}" if least < job.need else reason
 

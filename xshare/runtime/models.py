@@ -175,7 +175,7 @@ class Deployed:
         spec = self.spec
         bucket = spec.buckets[bisect.bisect_left(spec.buckets, rows)]
         batch = {}
-        for k, (dtype, shape) in spec.inputs.items():
+        for k, (_dtype, shape) in spec.inputs.items():
             parts = [r.inputs[k] for r in reqs]
             if bucket > rows:
                 parts.append(np.zeros((bucket - rows, *shape), parts[0].dtype))

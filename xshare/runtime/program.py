@@ -236,7 +236,7 @@ def _key(path: Any) -> str:
 def _flops(compiled: Any) -> float | None:
     try:
         cost = compiled.cost_analysis()
-    except Exception:  # not every backend implements it
+    except Exception:  # noqa: BLE001 - not every backend implements it
         return None
     if isinstance(cost, (list, tuple)):
         cost = cost[0] if cost else None

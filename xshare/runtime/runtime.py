@@ -367,7 +367,7 @@ class Runtime(Preparation, Deployments, Controls):
         for listener in list(self._end_listeners):
             try:
                 listener(job)
-            except Exception:  # noqa: BLE001 - runs on the dispatcher thread: never take it down
+            except Exception:  # runs on the dispatcher thread: never take it down (logged)
                 log.exception("xshare: a job-end listener raised")
 
 

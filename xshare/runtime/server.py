@@ -177,7 +177,7 @@ class StatusServer:
         # off the main thread, so the process's SIGINT/SIGTERM stay the CLI's.
         try:
             asyncio.run(server.serve(sockets=[sock]))
-        except BaseException:  # noqa: BLE001 - the loop died: say so, the runtime goes on
+        except BaseException:  # the loop died: say so (logged), the runtime goes on
             log.warning("status server: its event loop ended with an error", exc_info=True)
 
     def stop(self) -> None:

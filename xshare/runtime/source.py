@@ -192,7 +192,7 @@ class Feeder:
                 continue  # the dispatcher made this one itself while we were behind
             try:
                 self._produce(job)
-            except BaseException:  # noqa: BLE001 - never let the one feeder thread die
+            except BaseException:  # never let the one feeder thread die (logged)
                 import logging
                 logging.getLogger("xshare.runtime").exception("feeder: job %r", job.name)
 
