@@ -46,7 +46,7 @@ import time
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
+from typing import IO, Any, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
 
 T = TypeVar("T")
 _MARK = "@@xshare-bench "  # result lines of a child; anything else a library prints is ignored
@@ -313,22 +313,29 @@ class RssSampler:
         self._thread.join()
 
 
-def _spawn(payload: Mapping[str, Any], env: Mapping[str, str] | None) -> subprocess.Popen:
+class _Child(subprocess.Popen):
+    """A child process of the harness; ``errors`` holds its stderr."""
+
+    errors: IO[str]
+
+
+def _spawn(payload: Mapping[str, Any], env: Mapping[str, str] | None) -> _Child:
     errors = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe: a chatty child never blocks on it
-    proc = subprocess.Popen([sys.executable, "-m", "xshare.bench.harness", json.dumps(payload)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors,
-                            text=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
-    proc.errors = errors  # type: ignore[attr-defined]
+    proc = _Child([sys.executable, "-m", "xshare.bench.harness", json.dumps(payload)],
+                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors,
+                  text=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+    proc.errors = errors
     return proc
 
 
-def _events(proc: subprocess.Popen) -> Iterable[dict[str, Any]]:
+def _events(proc: _Child) -> Iterator[dict[str, Any]]:
+    assert proc.stdout is not None  # (spawned with stdout=PIPE)
     for line in proc.stdout:
         if line.startswith(_MARK):
             yield json.loads(line[len(_MARK):])
 
 
-def _result(proc: subprocess.Popen, events: Iterable[dict[str, Any]], what: str) -> dict[str, Any]:
+def _result(proc: _Child, events: Iterable[dict[str, Any]], what: str) -> dict[str, Any]:
     for ev in events:
         if ev["event"] == "result":
             return ev["result"]
@@ -345,7 +352,13 @@ def processes(plans: Sequence[JobPlan], *, env: Mapping[str, str] | None = None,
     env = {**(env or {}), "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
     procs = [_spawn({"command": "job", "job": p.to_json()}, env) for p in plans]
     streams = [_events(p) for p in procs]
-    watchdog = threading.Timer(timeout_s, lambda: [p.kill() for p in procs if p.poll() is None])
+
+    def kill_all() -> None:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+
+    watchdog = threading.Timer(timeout_s, kill_all)
     watchdog.start()
     try:
         with RssSampler([p.pid for p in procs]) as rss:
@@ -355,6 +368,7 @@ def processes(plans: Sequence[JobPlan], *, env: Mapping[str, str] | None = None,
                     _result(proc, [ev] if ev else [], f"processes: job {plan.name}")
             t_go = time.monotonic()
             for proc in procs:  # the barrier: every process is compiled and waiting
+                assert proc.stdin is not None  # (spawned with stdin=PIPE)
                 proc.stdin.write("go\n")
                 proc.stdin.flush()
             results = [_result(p, e, f"processes: job {plan.name}") for plan, p, e in zip(plans, procs, streams)]
@@ -366,7 +380,7 @@ def processes(plans: Sequence[JobPlan], *, env: Mapping[str, str] | None = None,
             p.wait()
     jobs = [JobTime(r["name"], "done", r["steps"], r["t_end"] - t_go, r["t_end"] - r["t_start"], r["metrics"])
             for r in results]
-    return Run(max(j.jct_s for j in jobs), jobs, rss.peak,
+    return Run(max(r["t_end"] for r in results) - t_go, jobs, rss.peak,
                extra={"start_skew_s": max(r["t_start"] for r in results) - min(r["t_start"] for r in results)})
 
 
@@ -438,8 +452,8 @@ def alternate(configs: Mapping[str, Callable[[], T]], repeats: int,
 
 
 def median(xs: Iterable[float | None]) -> float:
-    xs = [x for x in xs if x is not None and not math.isnan(x)]
-    return statistics.median(xs) if xs else math.nan
+    known = [x for x in xs if x is not None and not math.isnan(x)]
+    return statistics.median(known) if known else math.nan
 
 
 def ratio(a: float | None, b: float | None) -> float:

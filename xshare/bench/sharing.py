@@ -16,6 +16,7 @@ job alone, plain loop vs ``xshare:pack``, alternating pairs.
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import json
 import math
 from dataclasses import dataclass, field
@@ -142,8 +143,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     for name in cfg.workloads:
         description, plans = workload(name, cfg.steps)
         cfg.log(f"{name}: {description} ({len(plans)} jobs)")
-        runs = H.alternate({m: (lambda m=m, plans=plans: _safe(m, plans, env)) for m in cfg.modes}, cfg.repeats,
-                           log=cfg.log)
+        runs = H.alternate({m: functools.partial(_safe, m, plans, env) for m in cfg.modes}, cfg.repeats, log=cfg.log)
         results["workloads"][name] = {"description": description, "jobs": [p.to_json() for p in plans],
                                       "modes": summarize(runs)}
     if cfg.overhead_pairs:
@@ -173,7 +173,7 @@ def summarize(runs: Mapping[str, list[H.Run | str]]) -> dict[str, Any]:
     """Per mode: the runs, median figures, and paired ratios to ``exclusive``."""
     figs = {m: [figures(r) if isinstance(r, H.Run) and r.ok else None for r in rs] for m, rs in runs.items()}
     base = figs.get(BASELINE, [])
-    out = {}
+    out: dict[str, dict[str, Any]] = {}
     for mode, rs in runs.items():
         ok = [f for f in figs[mode] if f is not None]
         med = {k: _known(H.median(f[k] for f in ok)) for k in FIGURES}

@@ -14,7 +14,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from xshare.cli.rundir import (EXIT_INTERRUPTED, EXIT_JOB_FAILED, EXIT_OK, EXIT_USAGE)
 from xshare.cli.rundir import check_out as _check_out
@@ -136,10 +136,12 @@ def _build(plan: Any) -> tuple[Any, Any, str, str]:
     t = plan.tune
     sampler = (optuna.samplers.TPESampler(seed=t.seed) if t.sampler == "tpe"
                else optuna.samplers.RandomSampler(seed=t.seed))
-    pruner = {"median": lambda: optuna.pruners.MedianPruner(n_startup_trials=4),
-              "successive-halving": optuna.pruners.SuccessiveHalvingPruner,
-              "hyperband": lambda: optuna.pruners.HyperbandPruner(max_resource=plan.steps or "auto"),
-              "none": optuna.pruners.NopPruner}[t.pruner]()
+    pruners: dict[str, Callable[[], optuna.pruners.BasePruner]] = {
+        "median": lambda: optuna.pruners.MedianPruner(n_startup_trials=4),
+        "successive-halving": optuna.pruners.SuccessiveHalvingPruner,
+        "hyperband": lambda: optuna.pruners.HyperbandPruner(max_resource=plan.steps or "auto"),
+        "none": optuna.pruners.NopPruner}
+    pruner = pruners[t.pruner]()
     return sampler, pruner, t.storage, t.study_name or plan.stem
 
 

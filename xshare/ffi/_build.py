@@ -243,6 +243,8 @@ def build_library(out_dir, *, cuda: bool | None = None, include_dir=None,
         inc, jaxlib = ffi_include_dir(), jaxlib_version()
     else:
         inc = Path(include_dir)
+    if jaxlib is None:  # (a bug mypy found: re.fullmatch(None) was a TypeError)
+        raise ValueError("build_library: include_dir= needs jaxlib=, the jaxlib version whose headers it holds")
     if not re.fullmatch(r"[\w.+-]+", jaxlib):
         raise ValueError(f"build_library: jaxlib version {jaxlib!r} is not a version string")
     marker = (_HASH_MARKER + source_hash().encode()).decode()

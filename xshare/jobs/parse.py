@@ -228,7 +228,7 @@ def check_job(raw: Any, origin: str, over: Overrides) -> JobTable:
     for key, value in params.items():
         if isinstance(value, list) and not value:
             raise SpecError(f"{who}: params.{key} is an empty list, so the grid is empty; give at least one value")
-    return JobTable(origin, entry, params, steps, replicas, priority, name)
+    return JobTable(origin, raw["entry"], params, steps, replicas, priority, name)
 
 
 def plan_from_json(data: Mapping[str, Any], where: str) -> LaunchPlan:

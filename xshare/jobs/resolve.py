@@ -142,7 +142,12 @@ def _static_signature(path: str, func_name: str) -> inspect.Signature | None:
 def _bound_names(node: ast.AST) -> set[str]:
     if isinstance(node, (ast.Import, ast.ImportFrom)):
         return {(a.asname or a.name).split(".")[0] for a in node.names}
-    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+    if isinstance(node, ast.Assign):
+        targets = node.targets
+    elif isinstance(node, ast.AnnAssign):
+        targets = [node.target]
+    else:
+        return set()
     return {t.id for target in targets for t in ast.walk(target) if isinstance(t, ast.Name)}
 
 

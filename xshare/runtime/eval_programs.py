@@ -175,9 +175,9 @@ def eval_program(fn: Callable, state_leaves_struct: list, state_layout: Any, bat
 
     lowered = jax.jit(flat).lower(state_leaves_struct, batch_leaves)  # nothing donated
     text = lowered.as_text()
-    key = hashlib.sha256(text.encode())
-    key.update(repr(("eval", memo_key[1], memo_key[3], str(device))).encode())
-    key = key.hexdigest()
+    digest = hashlib.sha256(text.encode())
+    digest.update(repr(("eval", memo_key[1], memo_key[3], str(device))).encode())
+    key = digest.hexdigest()
     program = PROGRAMS.shared(key, lambda: EvalProgram(lowered.compile(), names[0], key, flat,
                                                        (list(state_leaves_struct), batch_leaves)))
     with _MEMO_LOCK:

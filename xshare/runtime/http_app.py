@@ -122,7 +122,7 @@ def raw_parts(request: Request) -> list[str]:
     return [unquote(p) for p in raw.decode("latin-1").split("?", 1)[0].split("/")]
 
 
-def build_app(srv: Any) -> Starlette:
+def build_app(srv: Any) -> AccessLog:
     rt = srv.rt
 
     @endpoint

@@ -113,6 +113,7 @@ def _walk(jaxpr: Jaxpr, tokens: list, sites: list, values: list, where: list, ho
     def name(v: Any) -> str:
         return str(names.setdefault(id(v), len(names)))
 
+    v: Any  # a Var here, a Var or a Literal below
     for v in list(jaxpr.constvars) + list(jaxpr.invars):
         tokens.append(f"in {name(v)}:{_aval(v)}")
     for eqn in jaxpr.eqns:
@@ -122,7 +123,8 @@ def _walk(jaxpr: Jaxpr, tokens: list, sites: list, values: list, where: list, ho
                 if _liftable(v):
                     index = len(sites)
                     sites.append((eqn, i))
-                    values.append(np.asarray(v.val, dtype=v.aval.dtype))
+                    # (a Literal's aval is a ShapedArray; jax annotates it as the AbstractValue base)
+                    values.append(np.asarray(v.val, dtype=v.aval.dtype))  # type: ignore[attr-defined]
                     where.append(eqn.primitive.name)
                     for holder in stack:
                         holders.setdefault(holder, set()).add(index)

@@ -196,9 +196,9 @@ class Deployed:
         if error is not None:
             self.errors_total += len(reqs)
             log.warning("model %r: a batch of %d request(s) failed: %s", self.name, len(reqs), short_error(error))
-            err = InferError(500, f"model {self.name!r}: predict failed for this batch: {short_error(error)}")
+            failed = InferError(500, f"model {self.name!r}: predict failed for this batch: {short_error(error)}")
             for r in reqs:
-                _settle(r.future, exc=err)
+                _settle(r.future, exc=failed)
             return
         start = 0
         for r in reqs:

@@ -154,9 +154,9 @@ class Runtime(Preparation, Deployments, Controls):
         self.group_capacity = group_capacity if self.fuse else None  # (the compile pool's copy)
         self.recorder = Recorder(log_dir=self.log_dir, checkpoint_dir=self.checkpoint_dir, t0=self.t0,
                                  tick=self.timeline_.drain if self._ring is not None else None)
-        self._dispatcher: Dispatcher | None = None
+        # (the feeder's lambda reads the dispatcher when a batch is ready, after it exists)
         self.feeder = LazyFeeder(lambda: self.device, lambda: self._dispatcher.poke)
-        self._dispatcher = Dispatcher(
+        self._dispatcher: Dispatcher = Dispatcher(
             policy=self.policy, arena=self.arena, device=self.device, feeder=self.feeder,
             recorder=self.recorder, timeline=self.timeline_, ring=self._ring, t0=self.t0,
             on_end=self._job_ended, config=DispatchConfig(

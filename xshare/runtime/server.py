@@ -222,7 +222,9 @@ def _header_timeout_protocol() -> type:
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
     class Protocol(H11Protocol):
-        def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+        _head_deadline: asyncio.TimerHandle | None  # the request head's deadline, until it arrives
+
+        def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
             self._head_deadline = self.loop.call_later(HEADER_TIMEOUT_S, self._head_late)
 

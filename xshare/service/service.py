@@ -25,7 +25,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from .._errors import AdmissionError, SpecError, XShareError, error_line
 from ..jobs.request import JobRequest, RequestError, loads
@@ -44,7 +44,7 @@ class Service:
 
     def __init__(self, *, run_dir: str | os.PathLike, memory: Any = None, policy: str = "pack",
                  host: str = "127.0.0.1", port: int = 0, resume: bool = False,
-                 checkpoint_every: int | None = 100, fuse: bool = False, models: list[Any] = ()):
+                 checkpoint_every: int | None = 100, fuse: bool = False, models: Sequence[Any] = ()):
         import xshare
         from xshare.runtime.server import StatusServer
 
@@ -216,6 +216,8 @@ class Service:
             if not line.strip():
                 continue
             req = JobRequest.from_json(json.loads(line), f"{self.journal} line {i + 1}")
+            if req.name is None:  # (the journal holds every request under its final name)
+                raise RequestError(f"{self.journal} line {i + 1}: a journaled job has no name")
             if ended.get(req.name) in ("cancelled", "failed"):
                 continue
             requests.append(req)

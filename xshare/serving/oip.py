@@ -143,7 +143,7 @@ def parse_infer(body: bytes, header_len: str | None, meta: dict[str, Any]
         if not isinstance(t, dict):
             raise Reply(400, f"an input must be an object with name, shape, datatype and data; got {t!r:.80}")
         name, shape, datatype = t.get("name"), t.get("shape"), t.get("datatype")
-        if name not in declared:
+        if not isinstance(name, str) or name not in declared:
             raise Reply(400, f"unknown input {name!r}; model {meta['name']!r} takes {sorted(declared)}")
         if name in inputs:
             raise Reply(400, f"input {name!r} is given twice")
@@ -186,7 +186,7 @@ def parse_infer(body: bytes, header_len: str | None, meta: dict[str, Any]
         wanted = []
         for o in outs:
             name = o.get("name") if isinstance(o, dict) else None
-            if name not in known:
+            if not isinstance(name, str) or name not in known:
                 raise Reply(400, f"unknown output {name!r}; model {meta['name']!r} has {sorted(known)}")
             wanted.append(name)
             binary_out[name] = bool((o.get("parameters") or {}).get("binary_data", default_binary))
