@@ -22,9 +22,12 @@ Rules a user relies on (also in the README):
 The package splits along the things a spec goes through: :mod:`.parse` (the TOML and
 ``--set`` values, the plan's data model), :mod:`.expand` (the grid, names, the plan),
 :mod:`.resolve` (from ``module:function`` to the factory) and :mod:`.factory` (the factory's
-call: the bound job); :mod:`.request` is one job as the service, ``xshare submit`` and Ray pass
-it between processes, and :mod:`.search` the search spaces of ``xshare tune``. Planning imports
-no jax; only :func:`build` calls the factories.
+call: the bound job); :mod:`.search` reads the search spaces of ``xshare tune``. Planning
+imports no jax; only :func:`build` calls the factories.
+
+One job is one type, :class:`JobRequest` (:mod:`.request`): a plan's expanded jobs, what
+``xshare submit`` and the control API send, what the Ray actors and the benchmarks' child
+processes receive (``PlannedJob`` is the same class under its old name).
 
 This package sits below everything that starts jobs (the CLI, the service, tune, the
 benchmarks and Ray all import it) and imports none of them: the layer contract in
@@ -35,10 +38,12 @@ from __future__ import annotations
 
 from xshare._errors import SpecError as SpecError
 
-from .factory import build as build
-from .factory import build_all as build_all
 from .expand import plan_entry as plan_entry
 from .expand import plan_file as plan_file
+from .expand import plan_target as plan_target
+from .expand import requests_from_plan as requests_from_plan
+from .factory import build as build
+from .factory import build_all as build_all
 from .parse import JOB_KEYS as JOB_KEYS
 from .parse import RUNTIME_KEYS as RUNTIME_KEYS
 from .parse import TOP_KEYS as TOP_KEYS

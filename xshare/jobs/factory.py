@@ -7,11 +7,12 @@ from typing import Any
 
 from xshare._errors import SpecError
 
-from .parse import LaunchPlan, PlannedJob
+from .parse import LaunchPlan
+from .request import JobRequest
 from .resolve import check_params, resolve_entry
 
 
-def build(job: PlannedJob) -> Any:
+def build(job: JobRequest) -> Any:
     """Call the job's factory and name the bound job (an ``xshare.JobSpec``) it returns.
     Raises SpecError on any problem. Imports the factory's module (and so, usually, jax)."""
     from xshare._job import Job, JobSpec

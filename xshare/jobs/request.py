@@ -2,8 +2,9 @@
 
 A :class:`JobRequest` is the launch spec's job shape after expansion (one grid point):
 ``{"entry": "module:function", "params": {...}, "steps": N, "name": ..., "priority": ...}``.
-The same description serves spec files (:func:`requests_from_plan`), ``xshare submit``, the
-control API's ``POST /jobs`` and the Ray actors. Only the side that runs the job imports the
+It is the one "job as data" type: the jobs of a launch plan (``xshare launch``), of
+``xshare submit``, of the control API's ``POST /jobs``, of the Ray actors and of the
+benchmarks' child processes. Only the side that runs the job imports the
 entry (:meth:`JobRequest.build`, through :func:`xshare.jobs.build`): a client never needs
 jax, nor even the module, to describe a job.
 
@@ -12,17 +13,14 @@ Pure Python, no jax: validating a request imports nothing of the user's.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import re
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 from .._errors import SpecError
-from . import expand as x
-from . import parse as p
-from .factory import build
-from .parse import LaunchPlan, PlannedJob, safe
 
 SCHEMA_ID = "xshare.jobs/v1"
 FIELDS = ("entry", "params", "steps", "name", "priority")
@@ -33,6 +31,12 @@ PRIORITY_MAX = 2**31 - 1
 
 class RequestError(SpecError):
     """A job request is malformed; the message names the field, the value and the fix."""
+
+
+def safe(text: str) -> str:
+    """Filesystem-safe on every OS, and left unchanged by the runtime's own log-dir naming:
+    ASCII letters, digits and ``. _ = , -``."""
+    return re.sub(r"[^A-Za-z0-9._=,-]+", "-", text).strip("-.") or "job"
 
 
 def check_priority(value: Any, who: str = "priority") -> int:
@@ -67,13 +71,16 @@ def _check_json_value(value: Any, where: str) -> None:
 @dataclass(frozen=True)
 class JobRequest:
     """One job, described without live objects. ``name`` None: the service names it after
-    the entry; ``steps`` None: the factory decides; ``priority`` None: the factory's."""
+    the entry; ``steps`` None: the factory decides; ``priority`` None: the factory's.
+    ``origin`` says where it was described (a spec file's table, the command line), for
+    messages only: it is not part of the job (not compared, not sent)."""
 
     entry: str
     params: Mapping[str, Any] = field(default_factory=dict)
     steps: int | None = None
     name: str | None = None
     priority: int | None = None
+    origin: str = field(default="submitted job", compare=False)
 
     def __post_init__(self) -> None:
         who = f"job {self.name!r}" if self.name else "job"
@@ -123,52 +130,23 @@ class JobRequest:
         except RequestError as err:
             raise RequestError(f"{where}: {err}") from None
 
-    # ------------------------------------------------------------------ the service side
-    def planned(self, name: str) -> PlannedJob:
-        """The launch plan's job for this request, named ``name``."""
-        return PlannedJob(index=0, name=name, entry=self.entry, params=dict(self.params), steps=self.steps,
-                          priority=self.priority, origin="submitted job")
+    @property
+    def who(self) -> str:
+        """The job in messages: its name, where it was described and its entry."""
+        return f"job {self.name} ({self.origin}, {self.entry})"
 
+    # ------------------------------------------------------------------ the side that runs it
     def build(self, name: str | None = None) -> Any:
         """Import the entry, call it with ``params`` and return the bound job (a JobSpec),
-        named and with steps/priority applied. Raises SpecError with a one-line reason (no
-        module, no function, a wrong parameter, the factory raised)."""
-        return build(self.planned(name or self.default_name()))
+        named ``name`` (default: after the entry) and with steps/priority applied. Raises
+        SpecError with a one-line reason (no module, no function, a wrong parameter, the
+        factory raised)."""
+        from .factory import build  # imports the user's module, and so jax: only here
+
+        return build(dataclasses.replace(self, name=name or self.default_name()))
 
     def default_name(self) -> str:
         return safe(self.entry.split(":")[0].rpartition(".")[2])
-
-
-def requests_from_plan(plan: Any) -> list[JobRequest]:
-    """A launch plan's jobs (a spec file or an entry with ``--set``) as requests: same names,
-    params, steps and priorities as ``xshare launch`` would run."""
-    return [JobRequest(entry=j.entry, params=dict(j.params), steps=j.steps, name=j.name, priority=j.priority)
-            for j in plan.jobs]
-
-
-def plan_target(target: str, sets: Sequence[str] = (), steps: int | None = None) -> LaunchPlan:
-    """Expand ``SPEC.toml`` or ``module:function --set k=v`` into a plan, without importing any
-    entry: the grid and the names only (the service checks parameters when it builds the
-    jobs, so a client needs neither jax nor the module)."""
-    over = p.Overrides(steps=steps, sets=dict(p.parse_set(s) for s in sets))
-    if target.endswith(".toml") or Path(target).is_file():
-        path = Path(target)
-        runtime_raw, jobs_raw = p.read_toml(path)
-        where = f"{path}: "
-        runtime = p.check_runtime(runtime_raw, over, where)
-        tables = [p.check_job(t, f"{where}[[job]] #{i + 1}", over) for i, t in enumerate(jobs_raw)]
-        source, stem = str(path), p.safe(path.stem)
-    elif ":" in target:
-        runtime = p.check_runtime({}, over, "")
-        tables = [p.check_job({"entry": target}, "command line", over)]
-        source, stem = target, p.safe(target.replace(":", "-").rpartition(".")[2])
-    else:
-        raise RequestError(f"{target!r} is neither a spec file (SPEC.toml) nor an entry point (module:function)")
-    points = [(t, params, label) for t in tables for params, label in x.grid(t)]
-    width = len(str(len(points)))
-    jobs = tuple(PlannedJob(num, x.job_name(num, width, t, label), t.entry, params, t.steps, t.priority, t.origin)
-                 for num, (t, params, label) in enumerate(points))
-    return LaunchPlan(source=source, stem=stem, runtime=runtime, jobs=jobs)
 
 
 def dumps(requests: list[JobRequest]) -> str:
@@ -186,5 +164,5 @@ def loads(payload: Any, where: str = "body") -> list[JobRequest]:
     return [JobRequest.from_json(j, f"{where} job #{i}") for i, j in enumerate(payload)]
 
 
-__all__ = ["JobRequest", "RequestError", "requests_from_plan", "plan_target", "dumps", "loads",
-           "check_priority", "PRIORITY_MAX", "SCHEMA_ID"]
+__all__ = ["JobRequest", "RequestError", "dumps", "loads", "check_priority", "safe", "PRIORITY_MAX",
+           "SCHEMA_ID"]
