@@ -4,6 +4,7 @@
     nox -s oldest       # Python 3.11 + jax 0.10.x, the full suite
     nox -s newest       # Python 3.12 + the newest jax, the fast subset, DeprecationWarning = error
     nox -s newest -- tests/ffi -x     # arguments after -- go to pytest (replacing the defaults)
+    nox -s lint         # the checks of .ci/run: layer contract, ruff, mypy (pyproject.toml)
 
 Each session makes its own venv under .nox/ and installs the checkout editable with the test
 extra, as a newcomer would. The interpreters must be on PATH as python3.11 / python3.12 (with
@@ -45,3 +46,14 @@ def newest(session: nox.Session) -> None:
     session.run("python", "-c", VERSIONS)
     args = session.posargs or ["-m", "not slow"]
     session.run("python", "-W", "error::DeprecationWarning", "-m", "pytest", "-q", *args)
+
+
+@nox.session(python="3.11")
+def lint(session: nox.Session) -> None:
+    """The checks .ci/run makes after the tests, each configured in pyproject.toml: the layer
+    contract (import-linter's ``lint-imports``), ruff, and mypy on xshare/. The test extra
+    (which includes the lint extra) so that mypy sees every optional library's types."""
+    session.install("-e", ".[test]")
+    session.run("lint-imports")
+    session.run("ruff", "check", "xshare", "models", "benchmarks", "tests")
+    session.run("mypy")

@@ -249,9 +249,9 @@ def main(argv: list[str]) -> int:
         return _main_naive(args, h)
     rows, raw = [], []
     for n in [int(x) for x in args.ns.split(",")]:
-        configs = {k: (lambda k=k: _spawn(k, n, args.steps)) for k in ("plain", "pack", "fused", "vmap")}
+        configs = {k: (lambda k=k, n=n: _spawn(k, n, args.steps)) for k in ("plain", "pack", "fused", "vmap")}
         if n <= 8 and args.data == "teacher":  # (processes always make their own data)
-            configs["processes"] = lambda: _processes(n, args.steps)
+            configs["processes"] = lambda n=n: _processes(n, args.steps)
         runs = h.alternate(configs, args.repeats)
         arrivals = [_spawn("arrivals", n, args.steps) for _ in range(args.repeats)]
         raw.append({"n": n, "runs": runs, "arrivals": arrivals})
@@ -277,7 +277,7 @@ def _main_naive(args, h) -> int:
     rows, raw = [], []
     kinds = ("naive-plain", "naive-fused", "inject-plain", "inject-fused")
     for n in [int(x) for x in args.ns.split(",")]:
-        runs = h.alternate({k: (lambda k=k: _spawn(k, n, args.steps)) for k in kinds}, args.repeats)
+        runs = h.alternate({k: (lambda k=k, n=n: _spawn(k, n, args.steps)) for k in kinds}, args.repeats)
         raw.append({"n": n, "runs": runs})
         base = [r["wall_s"] for r in runs["naive-plain"]]
         inject = [r["wall_s"] for r in runs["inject-fused"]]

@@ -37,7 +37,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args(argv)
     rows, raw = [], []
-    for r in range(1 if args.smoke else args.repeats):
+    for _ in range(1 if args.smoke else args.repeats):
         with tempfile.TemporaryDirectory() as tmp:
             first = _launch(args.spec, f"{tmp}/cache", f"{tmp}/run1")
             second = _launch(args.spec, f"{tmp}/cache", f"{tmp}/run2")

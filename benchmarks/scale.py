@@ -169,10 +169,10 @@ def main(argv: list[str]) -> int:
     rows = []
     raw = []
     for n, st in zip(ns, steps):
-        runs = h.alternate({k: (lambda k=k: _spawn(k, n, st, False)) for k in CONFIGS}, args.repeats)
+        runs = h.alternate({k: (lambda k=k, n=n, st=st: _spawn(k, n, st, False)) for k in CONFIGS}, args.repeats)
         # The trivial runs' steady rate is read from the timeline, which keeps 100k steps.
         tiny_steps = min(args.trivial_steps, 64_000 // n)
-        tiny = h.alternate({k: (lambda k=k: _spawn(k, n, tiny_steps, True)) for k in CONFIGS},
+        tiny = h.alternate({k: (lambda k=k, n=n, s=tiny_steps: _spawn(k, n, s, True)) for k in CONFIGS},
                            args.repeats)
         raw.append({"n": n, "steps": st, "runs": runs, "trivial": tiny})
         plain_rate = h.median(r["steady_steps_per_s"] for r in tiny["plain"])

@@ -200,7 +200,7 @@ def load(targets: list[tuple[str, str]], rate: float, duration: float, seed: int
 
     rng = np.random.default_rng(seed)
     arrivals = []
-    for k, target in enumerate(targets):
+    for k, _target in enumerate(targets):
         t = 0.0
         while True:
             t += rng.exponential(1.0 / rate)
@@ -219,7 +219,7 @@ def load(targets: list[tuple[str, str]], rate: float, duration: float, seed: int
         address, name = targets[k]
         conns = local.__dict__.setdefault("conns", {})
         status: Any = None
-        for attempt in range(2):  # a kept-alive connection the server closed meanwhile: once more, fresh
+        for _attempt in range(2):  # a kept-alive connection the server closed meanwhile: once more, fresh
             reused = address in conns
             try:
                 conn = conns.get(address)

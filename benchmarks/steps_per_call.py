@@ -14,7 +14,6 @@ import statistics
 import time
 
 import jax
-import numpy as np
 
 
 def _models():
@@ -72,7 +71,7 @@ def measure(name: str, make, ks: list[int], steps: int, repeats: int) -> list[di
             b_state, _ = multi.executable([jax.numpy.array(x, copy=True) for x in state0], stacked[0])
             exact = first_difference(list(a), list(b_state), "state") is None
 
-            def run():
+            def run(multi=multi, stacked=stacked, k=k):
                 s = [jax.numpy.array(x, copy=True) for x in state0]
                 for i in range(steps // k):
                     s, _ = multi.executable(s, stacked[i % len(stacked)])

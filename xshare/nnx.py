@@ -54,7 +54,7 @@ class NnxJob:
             raise TypeError(f"@xshare.nnx.job wraps a function step(model, optimizer, batch) -> metrics; "
                             f"got {fn!r}")
         self.fn = fn
-        self.name = name or getattr(fn, "__name__", "nnx_job")
+        self.name: str = name or str(getattr(fn, "__name__", "nnx_job"))
         self.donate = donate
         self._checked = _checked_step(fn, self.name)
         self._jit = nnx.jit(self._checked)
@@ -194,7 +194,7 @@ def _probe(pure: Job, state: Any, data: Any) -> None:
         raise  # (and not marked: every bind of this step is refused alike)
     except Exception:  # noqa: BLE001 - reported by the runtime, as for any job
         pass
-    pure._nnx_probed = True
+    pure._nnx_probed = True  # type: ignore[attr-defined]  # a mark on the shared Job, read above
 
 
 # ------------------------------------------------------------------------------ the pure parts

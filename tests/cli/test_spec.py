@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from xshare import SpecError
-from xshare.cli import spec as specs
+from xshare import jobs as specs
 from xshare.cli.main import main
 
 REPO = Path(__file__).resolve().parents[2]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import inspect
 import re
 
-import xshare
 from tests.docs import blocks
 
 API = (blocks.REPO / "docs" / "reference" / "api.md").read_text(encoding="utf-8")

@@ -150,7 +150,7 @@ def _run(block: blocks.Block, page: Page, env: dict[str, str]) -> None:
             if block.code.lstrip().startswith(">>>"):  # a session transcript: its outputs are checked
                 _doctest(block, page.ns)
             else:
-                exec(compile(block.code, block.id, "exec"), page.ns)  # noqa: S102 - the docs' own code
+                exec(compile(block.code, block.id, "exec"), page.ns)
         EXECUTED["python"] += 1
     elif block.kind == "bash" and block.background:
         _start_server(block, page, env)

@@ -32,7 +32,7 @@ class ArenaMachine(RuleBasedStateMachine):
     # -------------------------------------------------------------- the model
 
     def lane_e(self, lane_id):
-        return max((self.fp[j][1] for j, l in self.lane.items() if l == lane_id and j not in self.swapped),
+        return max((self.fp[j][1] for j, ln in self.lane.items() if ln == lane_id and j not in self.swapped),
                    default=0)
 
     def growth(self, job, lane_id):
@@ -51,7 +51,7 @@ class ArenaMachine(RuleBasedStateMachine):
         max_lanes = self.arena.max_lanes
         if (max_lanes is None or len(lanes) < max_lanes) and sum(self.fp[job]) <= free:
             return ("new", None)
-        fits = [(self.growth(job, l), l) for l in lanes if self.growth(job, l) <= free]
+        fits = [(self.growth(job, ln), ln) for ln in lanes if self.growth(job, ln) <= free]
         return ("join", min(fits)[1]) if fits else None
 
     def took_from_queue(self, admitted):
@@ -161,7 +161,7 @@ class ArenaMachine(RuleBasedStateMachine):
             self.fp[job] = old
 
     def lane_size(self, lane_id):
-        resident = [j for j, l in self.lane.items() if l == lane_id and j not in self.swapped]
+        resident = [j for j, ln in self.lane.items() if ln == lane_id and j not in self.swapped]
         return sum(self.fp[j][0] for j in resident) + self.lane_e(lane_id)
 
     @precondition(lambda self: self.queue)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from xshare.cli import spec as specs
+from xshare import jobs as specs
 from xshare.cli.main import main
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

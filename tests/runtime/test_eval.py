@@ -79,7 +79,7 @@ def test_eval_every_k_steps_and_at_the_end_without_changing_the_state(tmp_path, 
             assert_trees_equal(h.result()[0], plain_loop(spec(f"r{i}", seed=i))[0])
 
 
-def test_eval_metrics_reach_status_prometheus_and_top(runtime_dir, capsys, monkeypatch):  # noqa: F811
+def test_eval_metrics_reach_status_prometheus_and_top(runtime_dir, capsys, monkeypatch):
     with xshare.Runtime(policy="pack", memory="64MiB", status_port=0) as rt:
         h = rt.submit(spec("served"))
         rt.wait()

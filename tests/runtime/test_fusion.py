@@ -9,7 +9,6 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 
 import xshare
 from tests.helpers import assert_trees_equal, linreg_data, linreg_state, linreg_step, plain_loop

@@ -16,7 +16,7 @@ from xshare.models import cnn, digits, mlp, transformer
 from xshare.runtime import multistep
 from xshare.runtime.multistep import FORMS, Form
 from tests.helpers import assert_trees_equal, linreg_data, linreg_state, linreg_step, plain_loop
-from tests.users.harness import MULTI_K, MULTI_STEPS, check_multistep
+from tests.users.harness import MULTI_STEPS, check_multistep
 
 SLOW = pytest.mark.slow  # compiles of convolutions, attention and a K-step scan of them: ~20 s each
 ZOO = {

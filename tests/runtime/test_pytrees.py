@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 import xshare
-from tests.helpers import assert_trees_equal
 
 
 def _keys_equal(a, b):

@@ -110,7 +110,7 @@ def test_hundreds_of_short_jobs_with_controls_and_polling_stay_exact_and_answer_
     assert statuses and set(statuses) == {200} and documents > 0
     assert len(groups_seen) >= 3  # groups formed (and, being new ids, dissolved) along the way
     done = 0
-    for h, (spec, seed, dim, steps) in zip(handles, jobs):
+    for h, (_spec, seed, dim, steps) in zip(handles, jobs):
         assert h.status() in ("done", "cancelled"), (h.name, h.status(), h.error)
         if h.status() == "done":
             done += 1

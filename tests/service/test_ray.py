@@ -13,7 +13,7 @@ ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'xsha
 
 import xshare  # noqa: E402
 from xshare.runtime import checkpoint  # noqa: E402
-from xshare.service.jobs import JobRequest  # noqa: E402
+from xshare.jobs.request import JobRequest  # noqa: E402
 from xshare.service.ray_actors import run_sweep  # noqa: E402
 
 pytestmark = pytest.mark.slow

@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import json
 import socket
-import time
 
 import jax
 import numpy as np
-import pytest
 
 import xshare
 from xshare.runtime import checkpoint
-from xshare.service.jobs import JobRequest, plan_target, requests_from_plan
+from xshare.jobs import JobRequest, plan_target, requests_from_plan
 
 from .conftest import TINY, Served
 

@@ -15,7 +15,7 @@ from tests.serving.test_oip import raising_predict
 
 
 @pytest.fixture
-def hclient(both):  # noqa: F811
+def hclient(both):
     c = httpclient.InferenceServerClient(both.status_server.address)
     yield c
     c.close()
@@ -30,7 +30,7 @@ def _ints(doc):
     return int(doc) if isinstance(doc, str) and doc.lstrip("-").isdigit() else doc
 
 
-def test_model_config_names_batch_size_tensors_and_the_batchers_settings(both, hclient, gclient):  # noqa: F811
+def test_model_config_names_batch_size_tensors_and_the_batchers_settings(both, hclient, gclient):
     config = hclient.get_model_config("mlp")
     assert config["name"] == "mlp" and config["max_batch_size"] == 16 and config["backend"] == "xshare"
     assert config["input"] == [{"name": "x", "data_type": "TYPE_FP32", "dims": [D_IN]}]
@@ -47,7 +47,7 @@ def test_model_config_names_batch_size_tensors_and_the_batchers_settings(both, h
         hclient.get_model_config("ghost")
 
 
-def test_statistics_count_requests_batches_and_durations(both, hclient, gclient):  # noqa: F811
+def test_statistics_count_requests_batches_and_durations(both, hclient, gclient):
     for n in (1, 3, 5):
         infer_mlp(hclient, rows(n, seed=n))
     i = grpcclient.InferInput("x", [2, D_IN], "FP32")
@@ -72,7 +72,7 @@ def test_statistics_count_requests_batches_and_durations(both, hclient, gclient)
     assert [m["name"] for m in _ints(gclient.get_inference_statistics(as_json=True))["model_stats"]] == ["affine", "mlp"]
 
 
-def test_a_failed_batch_counts_as_fail(both, hclient):  # noqa: F811
+def test_a_failed_batch_counts_as_fail(both, hclient):
     both.deploy(xshare.model(raising_predict, {"s": np.float32(2)}, inputs={"x": ("float32", (2,))},
                              name="fragile", max_batch=4, max_delay_ms=0))
     i = httpclient.InferInput("x", [1, 2], "FP32")

@@ -11,7 +11,6 @@ import threading
 import weakref
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 import tritonclient.http as httpclient

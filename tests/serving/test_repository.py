@@ -17,7 +17,7 @@ from tritonclient.utils import InferenceServerException
 import xshare
 from tests.service.conftest import Served
 from tests.serving.conftest import D_IN, direct_mlp, infer_mlp, rows
-from xshare.serving.repository import Repository
+from xshare.service.repository import Repository
 
 
 def entry(repo: Path, name: str, text: str) -> None:

@@ -30,7 +30,7 @@ def test_the_default_batcher_does_not_delay():
         spec("m", priority_levels=2, default_priority_level=3)
 
 
-def test_a_preferred_batch_size_runs_at_once(both):  # noqa: F811
+def test_a_preferred_batch_size_runs_at_once(both):
     m = both.deploy(spec("pref", max_batch=8, buckets=(4, 8), max_delay_ms=WAIT, preferred_batch_sizes=(4,)))
     first = [m.submit({"x": rows(1, seed=k)}) for k in range(4)]  # 1+1+1+1 = 4 rows: preferred, due now
     got = np.concatenate([f.result(30)["y"] for f in first])
@@ -45,7 +45,7 @@ def test_a_preferred_batch_size_runs_at_once(both):  # noqa: F811
     assert config["dynamic_batching"] == {"max_queue_delay_microseconds": WAIT * 1000, "preferred_batch_size": [4]}
 
 
-def test_a_higher_priority_request_is_taken_first(both):  # noqa: F811
+def test_a_higher_priority_request_is_taken_first(both):
     m = both.deploy(spec("prio", max_batch=2, buckets=(2,), max_delay_ms=WAIT, priority_levels=2,
                          default_priority_level=2))
     low = m.submit({"x": rows(1, seed=1)})  # the default level, 1 of 2 rows: waits
@@ -61,7 +61,7 @@ def test_a_higher_priority_request_is_taken_first(both):  # noqa: F811
         both.model("mlp").submit({"x": rows(1)}, priority=1)
 
 
-def test_a_request_past_its_timeout_fails_alone(both):  # noqa: F811
+def test_a_request_past_its_timeout_fails_alone(both):
     m = both.deploy(spec("slowq", max_batch=4, buckets=(4,), max_delay_ms=WAIT))
     patient = m.submit({"x": rows(1, seed=1)})
     hasty = m.submit({"x": rows(1, seed=2)}, timeout_us=20_000)
@@ -77,7 +77,7 @@ def test_a_request_past_its_timeout_fails_alone(both):  # noqa: F811
     assert stats["fail"][0] == 1 and stats["success"][0] == 2 and list(stats["batches"]) == [4]
 
 
-def test_tritonclient_sends_priority_and_timeout_over_http_and_grpc(both):  # noqa: F811
+def test_tritonclient_sends_priority_and_timeout_over_http_and_grpc(both):
     both.deploy(spec("tc", max_batch=4, buckets=(4,), max_delay_ms=WAIT, priority_levels=3))
     x = rows(1)
     h = httpclient.InferenceServerClient(both.status_server.address)

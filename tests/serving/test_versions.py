@@ -33,7 +33,7 @@ def want(version: int, x: np.ndarray) -> np.ndarray:
     return np.asarray(_PREDICT(params_of(version), {"x": x})["y"])
 
 
-def test_versions_are_routed_and_the_default_is_the_highest_ready(both):  # noqa: F811
+def test_versions_are_routed_and_the_default_is_the_highest_ready(both):
     for v in (1, 2):
         both.deploy(versioned(v))
     with pytest.raises(xshare.XShareError, match="already deployed at version 2"):
@@ -81,7 +81,7 @@ def test_versions_are_routed_and_the_default_is_the_highest_ready(both):  # noqa
         g.close()
 
 
-def test_undeploying_a_version_under_load_loses_no_request_to_the_others(both):  # noqa: F811
+def test_undeploying_a_version_under_load_loses_no_request_to_the_others(both):
     for v in (1, 2, 3):
         both.deploy(versioned(v))
     errors: list[str] = []

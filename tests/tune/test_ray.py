@@ -14,7 +14,7 @@ pytest.importorskip("sklearn")
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'xshare[ray]')")
 
 from xshare.cli.main import main  # noqa: E402
-from xshare.service.jobs import JobRequest  # noqa: E402
+from xshare.jobs.request import JobRequest  # noqa: E402
 from xshare.tune._optimize import ATTR_ERROR, ATTR_JOB, ATTR_PRUNED_AT, ATTR_STEPS  # noqa: E402
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("optuna")
 
-from xshare.tune._optimize import _sigterm_as_interrupt  # noqa: E402
+from xshare.tune._optimize import _sigterm_as_interrupt
 
 
 @pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="signals: main thread")

@@ -23,14 +23,16 @@ repeat ``r``; report medians. Reporting: :func:`markdown_table`, :func:`write_re
 and markdown with the command, machine and date), :func:`machine`. :func:`time_command`
 times a command line from start to exit (e.g. ``xshare top --once``).
 
-Jobs cross process boundaries as :class:`JobPlan` (entry + params + steps: plain data), never
-closures; ``python -m xshare.bench.harness`` is the child side. Nothing here reads runtime
+Jobs cross process boundaries as :class:`xshare.jobs.JobRequest` (entry + params + steps:
+plain data; :func:`JobPlan` makes a named one), never closures; ``python -m
+xshare.bench.harness`` is the child side. Nothing here reads runtime
 internals. psutil (``pip install 'xshare[bench]'``) samples memory.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as _dt
 import json
 import math
@@ -46,7 +48,9 @@ import time
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
+from typing import IO, Any, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
+
+from xshare.jobs.request import JobRequest
 
 T = TypeVar("T")
 _MARK = "@@xshare-bench "  # result lines of a child; anything else a library prints is ignored
@@ -55,37 +59,26 @@ _MARK = "@@xshare-bench "  # result lines of a child; anything else a library pr
 # ------------------------------------------------------------------------------------ jobs
 
 
-@dataclass(frozen=True)
-class JobPlan:
-    """One job as plain data: every process builds the same job from it (``make_job`` batches
-    depend only on ``(seed, step)``)."""
-
-    name: str
-    entry: str
-    params: Mapping[str, Any] = field(default_factory=dict)
-    steps: int | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "entry": self.entry, "params": dict(self.params), "steps": self.steps}
-
-    @staticmethod
-    def from_json(raw: Mapping[str, Any]) -> "JobPlan":
-        return JobPlan(raw["name"], raw["entry"], dict(raw.get("params") or {}), raw.get("steps"))
+def JobPlan(name: str, entry: str, params: Mapping[str, Any] | None = None,  # (named as the type it was)
+            steps: int | None = None) -> JobRequest:
+    """The benchmarks' shorthand for one named job as plain data: every process builds the same
+    job from it (``make_job`` batches depend only on ``(seed, step)``)."""
+    return JobRequest(entry=entry, params=dict(params or {}), steps=steps, name=name, origin="benchmark")
 
 
-def build(plan: JobPlan) -> Any:
+def build(plan: JobRequest) -> Any:
     """The bound ``xshare.JobSpec`` of a plan, through the launcher's own factory call."""
-    from xshare.cli import spec as specs
+    from xshare import jobs as specs
 
-    return specs.build(specs.PlannedJob(0, plan.name, plan.entry, dict(plan.params), plan.steps, None, "benchmark"))
+    return specs.build(dataclasses.replace(plan, origin="benchmark"))
 
 
-def expand(entry: str, params: Mapping[str, Any], steps: int | None = None, prefix: str = "") -> list[JobPlan]:
+def expand(entry: str, params: Mapping[str, Any], steps: int | None = None, prefix: str = "") -> list[JobRequest]:
     """A grid of plans, named and expanded exactly as ``xshare launch ENTRY --set ...`` would."""
-    from xshare.cli import spec as specs
+    from xshare import jobs as specs
 
     plan = specs.plan_entry(entry, specs.Overrides(sets=dict(params), steps=steps))
-    return [JobPlan(prefix + j.name, j.entry, dict(j.params), j.steps) for j in plan.jobs]
+    return [dataclasses.replace(j, name=prefix + (j.name or ""), origin="benchmark") for j in plan.jobs]
 
 
 # ------------------------------------------------------------------------------------ runs
@@ -313,22 +306,29 @@ class RssSampler:
         self._thread.join()
 
 
-def _spawn(payload: Mapping[str, Any], env: Mapping[str, str] | None) -> subprocess.Popen:
+class _Child(subprocess.Popen):
+    """A child process of the harness; ``errors`` holds its stderr."""
+
+    errors: IO[str]
+
+
+def _spawn(payload: Mapping[str, Any], env: Mapping[str, str] | None) -> _Child:
     errors = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe: a chatty child never blocks on it
-    proc = subprocess.Popen([sys.executable, "-m", "xshare.bench.harness", json.dumps(payload)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors,
-                            text=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
-    proc.errors = errors  # type: ignore[attr-defined]
+    proc = _Child([sys.executable, "-m", "xshare.bench.harness", json.dumps(payload)],
+                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors,
+                  text=True, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+    proc.errors = errors
     return proc
 
 
-def _events(proc: subprocess.Popen) -> Iterable[dict[str, Any]]:
+def _events(proc: _Child) -> Iterator[dict[str, Any]]:
+    assert proc.stdout is not None  # (spawned with stdout=PIPE)
     for line in proc.stdout:
         if line.startswith(_MARK):
             yield json.loads(line[len(_MARK):])
 
 
-def _result(proc: subprocess.Popen, events: Iterable[dict[str, Any]], what: str) -> dict[str, Any]:
+def _result(proc: _Child, events: Iterable[dict[str, Any]], what: str) -> dict[str, Any]:
     for ev in events:
         if ev["event"] == "result":
             return ev["result"]
@@ -339,13 +339,19 @@ def _result(proc: subprocess.Popen, events: Iterable[dict[str, Any]], what: str)
     raise RuntimeError(f"{what}: exited {proc.returncode} without a result:\n{proc.errors.read()[-3000:]}")
 
 
-def processes(plans: Sequence[JobPlan], *, env: Mapping[str, str] | None = None, timeout_s: float = 1800) -> Run:
+def processes(plans: Sequence[JobRequest], *, env: Mapping[str, str] | None = None, timeout_s: float = 1800) -> Run:
     """One process per job: each compiles, says ready, waits at the start barrier, runs its
     plain loop. On a GPU each is told not to preallocate (else the second cannot start)."""
     env = {**(env or {}), "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
     procs = [_spawn({"command": "job", "job": p.to_json()}, env) for p in plans]
     streams = [_events(p) for p in procs]
-    watchdog = threading.Timer(timeout_s, lambda: [p.kill() for p in procs if p.poll() is None])
+
+    def kill_all() -> None:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+
+    watchdog = threading.Timer(timeout_s, kill_all)
     watchdog.start()
     try:
         with RssSampler([p.pid for p in procs]) as rss:
@@ -355,6 +361,7 @@ def processes(plans: Sequence[JobPlan], *, env: Mapping[str, str] | None = None,
                     _result(proc, [ev] if ev else [], f"processes: job {plan.name}")
             t_go = time.monotonic()
             for proc in procs:  # the barrier: every process is compiled and waiting
+                assert proc.stdin is not None  # (spawned with stdin=PIPE)
                 proc.stdin.write("go\n")
                 proc.stdin.flush()
             results = [_result(p, e, f"processes: job {plan.name}") for plan, p, e in zip(plans, procs, streams)]
@@ -366,11 +373,11 @@ def processes(plans: Sequence[JobPlan], *, env: Mapping[str, str] | None = None,
             p.wait()
     jobs = [JobTime(r["name"], "done", r["steps"], r["t_end"] - t_go, r["t_end"] - r["t_start"], r["metrics"])
             for r in results]
-    return Run(max(j.jct_s for j in jobs), jobs, rss.peak,
+    return Run(max(r["t_end"] for r in results) - t_go, jobs, rss.peak,
                extra={"start_skew_s": max(r["t_start"] for r in results) - min(r["t_start"] for r in results)})
 
 
-def in_child(kind: str, plans: Sequence[JobPlan], *, env: Mapping[str, str] | None = None,
+def in_child(kind: str, plans: Sequence[JobRequest], *, env: Mapping[str, str] | None = None,
              timeout_s: float = 1800, **kwargs: Any) -> Run:
     """``plain_loop``, ``threads`` or ``runtime`` (with ``kwargs``) over ``plans`` in a fresh
     process, with that process's peak RSS."""
@@ -393,7 +400,7 @@ def in_child(kind: str, plans: Sequence[JobPlan], *, env: Mapping[str, str] | No
 def _child(payload: Mapping[str, Any]) -> dict[str, Any]:
     command = payload["command"]
     if command == "job":
-        plan = JobPlan.from_json(payload["job"])
+        plan = JobRequest.from_json(payload["job"])
         spec = build(plan)
         job = PlainJob(spec)
         # An inference job serves requests on a clock that starts with its data's first call:
@@ -403,7 +410,7 @@ def _child(payload: Mapping[str, Any]) -> dict[str, Any]:
         sys.stdin.readline()
         t0, t1, metrics = job.run(fresh)
         return {"name": plan.name, "steps": spec.steps, "t_start": t0, "t_end": t1, "metrics": metrics}
-    plans = [JobPlan.from_json(j) for j in payload["jobs"]]
+    plans = [JobRequest.from_json(j) for j in payload["jobs"]]
     if command == "threads":
         specs = [build(p) for p in plans]
         fresh = [build(p) if s.observer is not None else None for p, s in zip(plans, specs)]
@@ -438,8 +445,8 @@ def alternate(configs: Mapping[str, Callable[[], T]], repeats: int,
 
 
 def median(xs: Iterable[float | None]) -> float:
-    xs = [x for x in xs if x is not None and not math.isnan(x)]
-    return statistics.median(xs) if xs else math.nan
+    known = [x for x in xs if x is not None and not math.isnan(x)]
+    return statistics.median(known) if known else math.nan
 
 
 def ratio(a: float | None, b: float | None) -> float:

@@ -15,12 +15,16 @@ job alone, plain loop vs ``xshare:pack``, alternating pairs.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
+import functools
 import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
+
+from xshare.jobs.request import JobRequest
 
 from . import harness as H
 
@@ -80,28 +84,29 @@ def parse_modes(text: str | Sequence[str]) -> tuple[str, ...]:
     return tuple(out)
 
 
-def workload(name: str, steps: int | None = None) -> tuple[str, list[H.JobPlan]]:
+def workload(name: str, steps: int | None = None) -> tuple[str, list[JobRequest]]:
     """A built-in workload, or a TOML launch spec's jobs (its [runtime] is ignored): its
     description and jobs, named as ``xshare launch`` names them; ``steps`` overrides each job's."""
     from xshare._errors import SpecError
-    from xshare.cli import spec as specs
+    from xshare import jobs as specs
 
     if name in BUILTIN:
         description, tables = BUILTIN[name]
         plans = [p for entry, params, n in tables for p in H.expand(entry, params, steps or n)]
         width = len(str(len(plans)))  # one numbering across tables, as in a launch spec
-        return description, [H.JobPlan(f"{i:0{width}d}_{p.name.partition('_')[2]}", p.entry, p.params, p.steps)
+        # (expand names every job: "{num}_{label}"; renumber the labels across the tables)
+        return description, [dataclasses.replace(p, name=f"{i:0{width}d}_{str(p.name).partition('_')[2]}")
                              for i, p in enumerate(plans)]
     if name.endswith(".toml") or Path(name).is_file():
         plan = specs.plan_file(name, specs.Overrides(steps=steps))
         if any(j.steps is None for j in plan.jobs):
             raise SpecError(f"{name}: every job needs a number of steps for a benchmark (set steps, or --steps)")
-        return f"jobs of {name}", [H.JobPlan(j.name, j.entry, dict(j.params), j.steps) for j in plan.jobs]
+        return f"jobs of {name}", list(plan.jobs)
     raise SpecError(f"unknown workload {name!r}; choose one of {', '.join(WORKLOADS)}, 'all', "
                     "or give the path of a TOML launch spec")
 
 
-def measure(mode: str, plans: Sequence[H.JobPlan], env: Mapping[str, str] | None = None) -> H.Run:
+def measure(mode: str, plans: Sequence[JobRequest], env: Mapping[str, str] | None = None) -> H.Run:
     kind, kwargs = mode_spec(mode)
     if kind == "processes":
         return H.processes(plans, env=env)
@@ -142,7 +147,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     for name in cfg.workloads:
         description, plans = workload(name, cfg.steps)
         cfg.log(f"{name}: {description} ({len(plans)} jobs)")
-        runs = H.alternate({m: (lambda m=m: _safe(m, plans, env)) for m in cfg.modes}, cfg.repeats, log=cfg.log)
+        runs = H.alternate({m: functools.partial(_safe, m, plans, env) for m in cfg.modes}, cfg.repeats, log=cfg.log)
         results["workloads"][name] = {"description": description, "jobs": [p.to_json() for p in plans],
                                       "modes": summarize(runs)}
     if cfg.overhead_pairs:
@@ -161,7 +166,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     return results
 
 
-def _safe(mode: str, plans: Sequence[H.JobPlan], env: Mapping[str, str] | None) -> H.Run | str:
+def _safe(mode: str, plans: Sequence[JobRequest], env: Mapping[str, str] | None) -> H.Run | str:
     try:
         return measure(mode, plans, env)
     except RuntimeError as err:  # a failed run is reported, the others still run
@@ -172,7 +177,7 @@ def summarize(runs: Mapping[str, list[H.Run | str]]) -> dict[str, Any]:
     """Per mode: the runs, median figures, and paired ratios to ``exclusive``."""
     figs = {m: [figures(r) if isinstance(r, H.Run) and r.ok else None for r in rs] for m, rs in runs.items()}
     base = figs.get(BASELINE, [])
-    out = {}
+    out: dict[str, dict[str, Any]] = {}
     for mode, rs in runs.items():
         ok = [f for f in figs[mode] if f is not None]
         med = {k: _known(H.median(f[k] for f in ok)) for k in FIGURES}

@@ -1,6 +1,6 @@
 """``xshare launch``: expand a spec, run its jobs in one runtime, show progress, summarize.
 
-Thin by design: :mod:`xshare.cli.spec` checks and expands, ``xshare.Runtime`` runs, and
+Thin by design: :mod:`xshare.jobs` checks and expands, ``xshare.Runtime`` runs, and
 :mod:`xshare.cli.render` draws. Exit codes: 0 all jobs done, 1 a job failed or was cancelled,
 2 the spec (or the command line) is wrong and nothing was started (no directory is left
 behind), 130 interrupted by SIGINT or SIGTERM at any moment (steps in flight finish, every
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from xshare._errors import error_line
-from xshare.cli.rundir import (  # noqa: F401 - EXIT_* are launch's public exit codes
+from xshare.cli.rundir import (  # EXIT_* are launch's public exit codes too
     EXIT_INTERRUPTED, EXIT_JOB_FAILED, EXIT_OK, EXIT_USAGE, check_out as _check_out,
     check_ports as _check_ports, cwd_on_path as _cwd_on_path, make_run_dir as _make_run_dir,
     resolved as _resolved, usage_error as _usage_error)
@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
 def _launch(args: argparse.Namespace) -> int:
     from xshare._errors import SpecError
     from xshare.cli import render
-    from xshare.cli import spec as specs
+    from xshare import jobs as specs
 
     out = render.console()
     _cwd_on_path()
@@ -151,7 +151,7 @@ def _print_fusion(jobs: list[Any], out: Any) -> None:
 
 def _resume(args: argparse.Namespace, out: Any) -> int:
     from xshare._errors import SpecError
-    from xshare.cli import spec as specs
+    from xshare import jobs as specs
 
     run_dir = Path(args.resume)
     record = run_dir / "spec.json"
@@ -362,7 +362,7 @@ def _cancel(handles: list[Any]) -> None:
         if cancel is not None:
             try:
                 cancel()
-            except Exception:  # already finished, or the runtime is going down: nothing to undo
+            except Exception:  # noqa: BLE001 - already finished, or the runtime is going down: nothing to undo
                 pass
 
 
@@ -387,7 +387,7 @@ def _summary(handle: Any, run_dir: Path, first_seen: dict[str, dict[str, float]]
             handle.result()
         except JobFailed as err:
             error = err.cause
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001 - whatever it was, the table shows it as the job's error
             error = f"{type(err).__name__}: {err}"
     if error:
         # The cause, not the traceback (that is in log.txt), on one line.

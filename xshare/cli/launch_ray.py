@@ -28,7 +28,7 @@ def run(plan: Any, args: argparse.Namespace) -> int:
 
     from xshare._errors import XShareError
     from xshare.cli.rundir import make_run_dir, resolved, usage_error as _usage_error
-    from xshare.service.jobs import requests_from_plan
+    from xshare.jobs import requests_from_plan
 
     try:
         import ray

@@ -94,7 +94,7 @@ def _status(status: str) -> Text:
 
 
 def plan_table(plan: Any) -> Table:
-    """The expanded jobs of a :class:`~xshare.cli.spec.LaunchPlan`."""
+    """The expanded jobs of a :class:`~xshare.jobs.LaunchPlan`."""
     rt = plan.runtime
     memory = "device" if rt.memory is None else str(rt.memory)
     table = Table(

@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     if args.grpc_port is not None:
         if not 0 <= args.grpc_port <= 65535:
             return _usage(f"--grpc-port {args.grpc_port} must be in 0..65535 (0 picks a free port)")
-        from xshare.serving.grpc_server import require_grpc
+        from xshare.runtime.grpc_server import require_grpc
         try:  # before anything starts: a missing extra is a usage error naming it
             require_grpc()
         except XShareError as err:

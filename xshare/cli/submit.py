@@ -86,7 +86,7 @@ def run_undeploy(args: argparse.Namespace) -> int:
 def run_submit(args: argparse.Namespace) -> int:
     from xshare._errors import SpecError
     from xshare.service import client
-    from xshare.service.jobs import plan_target, requests_from_plan
+    from xshare.jobs import plan_target, requests_from_plan
 
     try:
         requests = requests_from_plan(plan_target(args.target, args.sets, args.steps))

@@ -1,6 +1,6 @@
 """``xshare tune SPEC.toml``: an Optuna study whose trials are jobs of one runtime.
 
-Thin: :mod:`xshare.cli.spec.search` reads and checks the spec, :func:`xshare.tune.optimize`
+Thin: :mod:`xshare.jobs.search` reads and checks the spec, :func:`xshare.tune.optimize`
 runs the study, this module builds the sampler/pruner/storage and draws. Exit codes: 0 the
 study ran (some trial completed), 1 no trial completed, 2 a bad spec or command line (nothing is
 started and nothing is left behind), 130 interrupted (running trials are told FAIL and enqueued
@@ -14,7 +14,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from xshare.cli.rundir import (EXIT_INTERRUPTED, EXIT_JOB_FAILED, EXIT_OK, EXIT_USAGE)
 from xshare.cli.rundir import check_out as _check_out
@@ -53,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from xshare._errors import SpecError
-    from xshare.cli.spec import parse, search
+    from xshare.jobs import parse, search
 
     _cwd_on_path()
     try:
@@ -136,10 +136,12 @@ def _build(plan: Any) -> tuple[Any, Any, str, str]:
     t = plan.tune
     sampler = (optuna.samplers.TPESampler(seed=t.seed) if t.sampler == "tpe"
                else optuna.samplers.RandomSampler(seed=t.seed))
-    pruner = {"median": lambda: optuna.pruners.MedianPruner(n_startup_trials=4),
-              "successive-halving": optuna.pruners.SuccessiveHalvingPruner,
-              "hyperband": lambda: optuna.pruners.HyperbandPruner(max_resource=plan.steps or "auto"),
-              "none": optuna.pruners.NopPruner}[t.pruner]()
+    pruners: dict[str, Callable[[], optuna.pruners.BasePruner]] = {
+        "median": lambda: optuna.pruners.MedianPruner(n_startup_trials=4),
+        "successive-halving": optuna.pruners.SuccessiveHalvingPruner,
+        "hyperband": lambda: optuna.pruners.HyperbandPruner(max_resource=plan.steps or "auto"),
+        "none": optuna.pruners.NopPruner}
+    pruner = pruners[t.pruner]()
     return sampler, pruner, t.storage, t.study_name or plan.stem
 
 
@@ -149,7 +151,7 @@ def _study(plan: Any, run_dir: Path, args: argparse.Namespace) -> int:
     import xshare
     import xshare.tune
     from xshare.cli import render
-    from xshare.cli.spec.resolve import resolve_entry
+    from xshare.jobs.resolve import resolve_entry
     from xshare.tune._optimize import DEFAULT_CONCURRENCY
 
     out = render.console()

@@ -24,7 +24,7 @@ def study(study: Any, plan: Any, run_dir: Path, args: argparse.Namespace, out: A
         return _error("--ray needs Ray: pip install 'xshare[ray]'")
     if args.actors is not None and args.actors < 1:
         return _error(f"--actors {args.actors} must be >= 1 (runtime actors to start)")
-    from xshare.service.jobs import JobRequest
+    from xshare.jobs.request import JobRequest
     from xshare.tune._ray import check_actors, optimize_ray
 
     owned = not ray.is_initialized()  # (a caller's Ray, e.g. a test's, is left running)

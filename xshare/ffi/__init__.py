@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from ._fences import begin, end, end_after, fenced
 from ._loader import BEGIN, END, available, enabled, ensure_loaded, unavailable_reason
-from ._loader import state as _state
+from ._loader import state as _state  # noqa: F401 - the loader's state, read as ffi._state by tests
 from ._rings import (
     RECORD_DTYPE,
     close_ring,

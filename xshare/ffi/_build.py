@@ -30,6 +30,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+try:
+    from .._errors import XShareError
+except ImportError:  # setup.py runs this file by path, outside the package: no parent to import
+    class XShareError(Exception):  # type: ignore[no-redef]  # the build's stand-in for xshare's base
+        pass
+
 __all__ = [
     "BuildError",
     "CPU_LIB",
@@ -69,7 +75,7 @@ _HASH_MARKER = b"xshare-src-hash:"
 _JAXLIB_MARKER = b"xshare-jaxlib:"
 
 
-class BuildError(RuntimeError):
+class BuildError(XShareError, RuntimeError):
     """The FFI fence libraries could not be built (the message says why and what to do)."""
 
 
@@ -141,7 +147,7 @@ def ffi_include_dir() -> Path:
 
         inc = Path(jax.ffi.include_dir())
     except Exception as e:  # pragma: no cover - jax is a hard dependency
-        raise BuildError(f"cannot locate the XLA FFI headers via jax.ffi.include_dir(): {e}")
+        raise BuildError(f"cannot locate the XLA FFI headers via jax.ffi.include_dir(): {e}") from e
     if not (inc / "xla" / "ffi" / "api" / "ffi.h").is_file():
         raise BuildError(f"XLA FFI header xla/ffi/api/ffi.h not found under {inc}")
     return inc
@@ -237,6 +243,8 @@ def build_library(out_dir, *, cuda: bool | None = None, include_dir=None,
         inc, jaxlib = ffi_include_dir(), jaxlib_version()
     else:
         inc = Path(include_dir)
+    if jaxlib is None:  # (a bug mypy found: re.fullmatch(None) was a TypeError)
+        raise ValueError("build_library: include_dir= needs jaxlib=, the jaxlib version whose headers it holds")
     if not re.fullmatch(r"[\w.+-]+", jaxlib):
         raise ValueError(f"build_library: jaxlib version {jaxlib!r} is not a version string")
     marker = (_HASH_MARKER + source_hash().encode()).decode()

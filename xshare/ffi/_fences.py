@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import jax
 import numpy as np
@@ -72,7 +73,8 @@ def _fence(kind: int, tree, ident, select=None):
     # buffer would force XLA to copy). Python scalars and numpy arrays are constants
     # inside jit, with nothing to order: they pass through.
     slots: dict[int, int] = {}
-    operands, keys = [], {}
+    operands: list[Any] = []
+    keys: dict[int, Any] = {}  # operand index -> the PRNG key's impl
     for i, leaf in enumerate(leaves):
         if not _fenceable(leaf) or id(leaf) in slots or (select is not None and not select[i]):
             continue

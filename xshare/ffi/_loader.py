@@ -156,7 +156,7 @@ def _load() -> None:
         if lib.xshare_abi_version() != ABI_VERSION:
             raise RuntimeError(f"{d / _build.CPU_LIB} has C ABI version "
                                f"{lib.xshare_abi_version()}, expected {ABI_VERSION}")
-    except Exception as e:  # no compiler, bad headers...: fences off, runtime goes on
+    except Exception as e:  # noqa: BLE001 - no compiler, bad headers...: fences off, runtime goes on
         _fail("loading the fence library", e)
         return
     api = lib.xshare_ffi_api_version()
@@ -164,7 +164,7 @@ def _load() -> None:
             f"(XLA FFI API {api // 1000}.{api % 1000}), running jaxlib {jaxlib}"
     try:
         _register(lib, "cpu")
-    except Exception as e:  # e.g. the running jaxlib rejects this FFI API version
+    except Exception as e:  # noqa: BLE001 - e.g. the running jaxlib rejects this FFI API version
         _fail(f"registering {d / _build.CPU_LIB} ({built})", e)
         return
     state.lib, state.lib_dir = lib, d
@@ -178,7 +178,7 @@ def _load() -> None:
                 raise RuntimeError(f"C ABI version {cuda_lib.xshare_cuda_abi_version()}, "
                                    f"expected {ABI_VERSION}")
             _register(cuda_lib, "CUDA")
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - whatever failed, the CPU fences still work
             _log.warning("xshare.ffi: CUDA fences unavailable (%s: %s: %s); CPU fences only",
                          d / _build.CUDA_LIB, type(e).__name__, e)
         else:
@@ -195,7 +195,7 @@ def ensure_loaded() -> bool:
             if not state.loaded:
                 try:
                     _load()
-                except Exception as e:  # jax itself failed to start: still not fatal here
+                except Exception as e:  # noqa: BLE001 - jax itself failed to start: still not fatal here
                     _fail("starting jax", e)
                 finally:
                     state.loaded = True

@@ -153,14 +153,14 @@ class Arena:
         swap out a running job. Call ``retry`` afterwards to give the bytes to the queue."""
         job = self._job(job_id, "swap out")
         job.swapped = True
-        self._fit(self._lanes[job.lane])
+        self._fit(self._lane(job))
 
     def swap_in(self, job_id: Hashable) -> bool:
         """Count the job's bytes again if its lane's growth fits in ``free``: True if it does
         (or it was resident already), False to retry later."""
         job = self._job(job_id, "swap in")
         if job.swapped:
-            lane = self._lanes[job.lane]
+            lane = self._lane(job)
             if self._growth(lane, job) > self.free:
                 return False
             job.swapped = False
@@ -178,10 +178,10 @@ class Arena:
                              "sizes are bytes >= 0, not both zero")
         old = job.persistent, job.ephemeral
         job.persistent, job.ephemeral = persistent, ephemeral
-        self._fit(self._lanes[job.lane])
+        self._fit(self._lane(job))
         if self._committed > self.capacity or job.need > self.capacity:  # it could never swap in
             job.persistent, job.ephemeral = old
-            self._fit(self._lanes[job.lane])
+            self._fit(self._lane(job))
             return False
         return True
 
@@ -247,9 +247,9 @@ class Arena:
             lane = self._lanes[self._next_lane] = _Lane(self._next_lane)
             self._next_lane += 1
         else:
-            growth, lane_id = min(((self._growth(l, job), l.id) for l in self._lanes.values()),
+            growth, lane_id = min(((self._growth(ln, job), ln.id) for ln in self._lanes.values()),
                                   default=(self.free + 1, None))
-            if growth > self.free:
+            if growth > self.free or lane_id is None:  # (no lane: the default growth never fits)
                 return None
             lane = self._lanes[lane_id]
         lane.jobs.append(job.id)
@@ -282,12 +282,18 @@ class Arena:
             raise ValueError(f"job {job.label} is queued, not admitted: there is nothing to {admitted_for}")
         return job
 
+    def _lane(self, job: _Job) -> _Lane:
+        """An admitted job's lane (callers got ``job`` from ``_job(..., admitted_for=...)``)."""
+        if job.lane is None:
+            raise ValueError(f"job {job.label} is queued, not admitted: it has no lane")
+        return self._lanes[job.lane]
+
     def _reason(self, job: _Job, ahead: int) -> str:
         reason = f"needs {job.describe()}; {format_bytes(self.free)} free"
         if ahead:
             return f"{reason}, {ahead} job{'s' if ahead != 1 else ''} ahead in queue"
         # Queued with nothing ahead: P + E and every lane's growth exceed `free`. Sharing a lane
         # may come closer than a lane of its own; say by how much, so the user sees the gap.
-        least = min((self._growth(l, job) for l in self._lanes.values()), default=job.need)
+        least = min((self._growth(ln, job) for ln in self._lanes.values()), default=job.need)
         return f"{reason}; sharing a lane needs {format_bytes(least)}" if least < job.need else reason
 

@@ -12,6 +12,7 @@ from .records import JobRecord
 
 def dispatch_error(job: JobRecord, step: int, batch: Any, err: Exception) -> str:
     """Say what went wrong at dispatch; ``batch`` is the flat leaves the prefetcher made."""
+    assert job.program is not None  # (it was dispatched)
     paths = job.batch_layout.array_paths()
     want = {p: f"{s.dtype}{list(s.shape)}" for p, s in zip(paths, job.program.batch_struct)}
     got = {p: f"{getattr(x, 'dtype', type(x).__name__)}{list(np.shape(x))}" for p, x in zip(paths, batch)}

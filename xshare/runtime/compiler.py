@@ -237,7 +237,7 @@ PROGRAMS = ProgramCache()
 
 
 def compile_step(fn: Callable, state: Any, batch: Any, *, device: Any, prefetch: int = 0,
-                 fenced: bool = False) -> CompiledStep:
+                 fenced: bool = False) -> _Staged:
     """The program a Runtime would run for ``fn(state, batch)`` (through the shared cache),
     with ``prefetch`` staged batches in its footprint: for tools and tests that want a job's
     footprint or executable without a Runtime. The executable takes flat lists of carried

@@ -17,13 +17,14 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
+from .._errors import XShareError
 from .compiler import PROGRAMS, _avals, abstract
 from .leaves import layout_of
 from .program import _key
 from .source import END
 
 
-class EvalError(ValueError):
+class EvalError(XShareError, ValueError):
     """An ``eval_step``/``eval_data``/``eval_every`` the runtime cannot use (raised at bind)."""
 
 
@@ -174,9 +175,9 @@ def eval_program(fn: Callable, state_leaves_struct: list, state_layout: Any, bat
 
     lowered = jax.jit(flat).lower(state_leaves_struct, batch_leaves)  # nothing donated
     text = lowered.as_text()
-    key = hashlib.sha256(text.encode())
-    key.update(repr(("eval", memo_key[1], memo_key[3], str(device))).encode())
-    key = key.hexdigest()
+    digest = hashlib.sha256(text.encode())
+    digest.update(repr(("eval", memo_key[1], memo_key[3], str(device))).encode())
+    key = digest.hexdigest()
     program = PROGRAMS.shared(key, lambda: EvalProgram(lowered.compile(), names[0], key, flat,
                                                        (list(state_leaves_struct), batch_leaves)))
     with _MEMO_LOCK:

@@ -86,7 +86,7 @@ def fused_program(program: CompiledStep, capacity: int, device: Any, *, fenced: 
         states = [stack(s) for s in jax.tree.leaves(program.state_struct)]
         batches = [stack(s) for s in jax.tree.leaves(program.batch_struct)]
         mask = jax.ShapeDtypeStruct((capacity,), np.bool_, sharding=sharding)
-        args = [states, (batches, mask)]
+        args: list[Any] = [states, (batches, mask)]
         fn = body
         if fenced:
             fn = ffi.fenced(body, donated=True)

@@ -34,7 +34,7 @@ ENDPOINTS = ("GET /status, GET /metrics, GET /jobs, POST /jobs, "
              "POST /jobs/{name}/{pause|resume|cancel|priority}, GET /v2/models/{name}")
 
 
-class Reply(Exception):
+class Reply(XShareError):
     """Ends a request with an HTTP status and a JSON body ``{"error": message, **extra}``."""
 
     def __init__(self, code: int, message: str, headers: dict[str, str] | None = None,
@@ -122,7 +122,7 @@ def raw_parts(request: Request) -> list[str]:
     return [unquote(p) for p in raw.decode("latin-1").split("?", 1)[0].split("/")]
 
 
-def build_app(srv: Any) -> Starlette:
+def build_app(srv: Any) -> AccessLog:
     rt = srv.rt
 
     @endpoint

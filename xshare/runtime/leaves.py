@@ -25,6 +25,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from .._errors import XShareError
+
 _KEY = "key"
 _STATIC = "static"
 
@@ -68,7 +70,7 @@ class Layout:
     def memo_key(self) -> Any:
         """Hashable: the treedef and every static value (by value where hashable, else by
         identity). Two trees with equal memo keys trace to the same program."""
-        statics = []
+        statics: list[tuple[Any, ...]] = []
         for k in self.kinds:
             if k is not None and k[0] == _STATIC:
                 v = k[1]
@@ -138,7 +140,9 @@ def layout_of(tree: Any, promote: frozenset = frozenset()) -> tuple[list, Layout
     are Python numbers are carried as arrays of JAX's default dtype for them, as ``jax.jit``
     would trace them: a step that changes a Python number (``TrainState.step = 0``) needs it."""
     with_paths, treedef = jax.tree_util.tree_flatten_with_path(tree)
-    arrays, kinds, paths = [], [], []
+    arrays: list[Any] = []
+    kinds: list[tuple[str, Any] | None] = []
+    paths: list[str] = []
     for i, (path, x) in enumerate(with_paths):
         paths.append(path_name(path))
         if is_key(x):
@@ -174,7 +178,7 @@ def as_array(x: Any) -> np.ndarray:
     return np.asarray(x, dtype=jax.dtypes.canonicalize_dtype(value.dtype))
 
 
-class Promote(Exception):
+class Promote(XShareError):
     """The step changed Python numbers of its state (static until now): carry them as arrays."""
 
     def __init__(self, indices: frozenset):

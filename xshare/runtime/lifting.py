@@ -36,6 +36,8 @@ import jax
 import numpy as np
 from jax.extend.core import ClosedJaxpr, Jaxpr, Literal
 
+from .._errors import XShareError
+
 # Call-like primitives whose sub-jaxpr is the computation itself (param name of the jaxpr).
 _CALLS = {"pjit": "jaxpr", "jit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr",
           "custom_jvp_call": "call_jaxpr", "custom_vjp_call": "call_jaxpr",
@@ -45,7 +47,7 @@ _REBUILT = ("cond", "while", "scan")
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
-class NotLiftable(Exception):
+class NotLiftable(XShareError):
     """A differing constant sits where it cannot become an operand; the message says where."""
 
 
@@ -111,6 +113,7 @@ def _walk(jaxpr: Jaxpr, tokens: list, sites: list, values: list, where: list, ho
     def name(v: Any) -> str:
         return str(names.setdefault(id(v), len(names)))
 
+    v: Any  # a Var here, a Var or a Literal below
     for v in list(jaxpr.constvars) + list(jaxpr.invars):
         tokens.append(f"in {name(v)}:{_aval(v)}")
     for eqn in jaxpr.eqns:
@@ -120,7 +123,8 @@ def _walk(jaxpr: Jaxpr, tokens: list, sites: list, values: list, where: list, ho
                 if _liftable(v):
                     index = len(sites)
                     sites.append((eqn, i))
-                    values.append(np.asarray(v.val, dtype=v.aval.dtype))
+                    # (a Literal's aval is a ShapedArray; jax annotates it as the AbstractValue base)
+                    values.append(np.asarray(v.val, dtype=v.aval.dtype))  # type: ignore[attr-defined]
                     where.append(eqn.primitive.name)
                     for holder in stack:
                         holders.setdefault(holder, set()).add(index)

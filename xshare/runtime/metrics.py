@@ -143,15 +143,15 @@ def _step_seconds(jobs: list[Mapping[str, Any]]) -> Metric:
     the recent steps' quantiles (OpenMetrics allows a summary without count and sum)."""
     name = "xshare_job_step_seconds"
     if jobs and all(j.get("step_time_histogram") for j in jobs):  # optional in v1: the runtime fills it
-        family = HistogramMetricFamily(name, "Device seconds per step, every measured step.", labels=["job_name"])
+        hist = HistogramMetricFamily(name, "Device seconds per step, every measured step.", labels=["job_name"])
         for j in jobs:
             h = j["step_time_histogram"]
             cumulative, buckets = 0, []
             for bound, count in zip(list(h["bounds_s"]) + [float("inf")], h["counts"]):
                 cumulative += count
                 buckets.append(("+Inf" if bound == float("inf") else repr(float(bound)), cumulative))
-            family.add_metric([j["name"]], buckets, float(h["sum_s"]))
-        return family
+            hist.add_metric([j["name"]], buckets, float(h["sum_s"]))
+        return hist
     family = Metric(name, "Device seconds per step over the job's recent steps, by quantile.", "summary")
     for j in jobs:
         for q, key in (("0.5", "step_time_p50_s"), ("0.95", "step_time_p95_s")):

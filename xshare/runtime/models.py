@@ -236,7 +236,7 @@ class Deployed:
         t_start = time.monotonic()
         bucket = spec.buckets[bisect.bisect_left(spec.buckets, rows)]
         batch = {}
-        for k, (dtype, shape) in spec.inputs.items():
+        for k, (_dtype, shape) in spec.inputs.items():
             parts = [r.inputs[k] for r in reqs]
             if bucket > rows:
                 parts.append(np.zeros((bucket - rows, *shape), parts[0].dtype))
@@ -261,9 +261,9 @@ class Deployed:
             self.errors_total += len(reqs)
             self.infer_stats.failed(reqs, now)
             log.warning("model %r: a batch of %d request(s) failed: %s", self.name, len(reqs), short_error(error))
-            err = InferError(500, f"model {self.name!r}: predict failed for this batch: {short_error(error)}")
+            failed = InferError(500, f"model {self.name!r}: predict failed for this batch: {short_error(error)}")
             for r in reqs:
-                _settle(r.future, exc=err)
+                _settle(r.future, exc=failed)
             return
         start = 0
         answers = []

@@ -21,7 +21,7 @@ from ..sched import steps as ksteps
 from . import evaluation, multistep
 from .causes import short_error
 from .fusion import Group
-from .multistep import MultiStep, Verdict, first_difference
+from .multistep import MultiStep, Verdict
 from .multicall import _done
 from .tiers import Candidate
 

@@ -120,8 +120,8 @@ def nvml_index(device: Any) -> int | str | None:
     """
     if getattr(device, "platform", None) not in ("gpu", "cuda"):
         return None
-    local = getattr(device, "local_hardware_id", None)
-    local = getattr(device, "id", 0) if local is None else local
+    hw = getattr(device, "local_hardware_id", None)
+    local = int(getattr(device, "id", 0) if hw is None else hw)
     visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
     if visible and 0 <= local < len(visible):
         v = visible[local]

@@ -36,7 +36,7 @@ class CompiledStep:
 
     def __init__(self, *, key: str, metric_names: tuple[str, ...], state_struct: Any, batch_struct: Any,
                  state_layout: Any, batch_layout: Any, fenced: bool, flat: Callable,
-                 lowered: Callable[[], Any], on_compile: Callable[[], None]):
+                 lowered: Callable[[], Any], on_compile: Callable[[float], None]):
         self.key = key                      # the program key (hex)
         self.metric_names = metric_names    # the packed metrics vector's entries, in order
         # Flat lists of ShapeDtypeStructs: the carried arrays (leaves.py) of state and batch.
@@ -47,8 +47,9 @@ class CompiledStep:
         self.state_layout, self.batch_layout = state_layout, batch_layout
         self.fenced = fenced
         self.flat = flat                    # the unfenced step over flat leaves (fusion vmaps it)
-        self._lowered, self._on_compile = lowered, on_compile
-        self._compiled: tuple | None = None
+        self._lowered: Callable[[], Any] | None = lowered  # None once compiled
+        self._on_compile = on_compile       # called with XLA's compile time (s)
+        self._compiled: tuple[Any, Footprint, float | None] | None = None
         self._lock = threading.Lock()
         self.jaxpr: Any = None              # the unfenced step's jaxpr (for constant lifting)
         self.promoted: frozenset = frozenset()  # Python-number state leaves carried as arrays
@@ -69,6 +70,7 @@ class CompiledStep:
                 if self._compiled is None:
                     with warnings.catch_warnings():
                         warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+                        assert self._lowered is not None  # (dropped only once compiled)
                         lowered = self._lowered()
                         t0 = time.perf_counter()  # XLA's part only (lowering is not compiling)
                         compiled = lowered.compile()
@@ -84,12 +86,18 @@ class CompiledStep:
     @property
     def executable(self) -> Any:
         """(state leaves, batch leaves[, ident]) -> (new state leaves, metrics vector)."""
-        return self.ensure()._compiled[0]
+        return self._done()[0]
+
+    def _done(self) -> tuple[Any, Footprint, float | None]:
+        """(executable, footprint, flops), compiling first if needed."""
+        compiled = self.ensure()._compiled
+        assert compiled is not None  # (ensure compiled it or raised)
+        return compiled
 
     @property
     def footprint(self) -> Footprint:
         """From ``memory_analysis()``; staging = 0: each runtime adds its own prefetch depth."""
-        return self.ensure()._compiled[1]
+        return self._done()[1]
 
     @property
     def flops(self) -> float | None:
@@ -237,7 +245,7 @@ def _key(path: Any) -> str:
 def _flops(compiled: Any) -> float | None:
     try:
         cost = compiled.cost_analysis()
-    except Exception:  # not every backend implements it
+    except Exception:  # noqa: BLE001 - not every backend implements it
         return None
     if isinstance(cost, (list, tuple)):
         cost = cost[0] if cost else None

@@ -120,6 +120,7 @@ class Recorder:
                     log.warning("xshare recorder: timing update failed: %s", err)
 
     def _dir(self, job: Any) -> Path:
+        assert self.log_dir is not None  # (asked only when logging)
         return self.log_dir / job_dir(job.name)
 
     def _broke(self, job: Any, what: str, err: BaseException) -> None:
@@ -207,6 +208,7 @@ class Recorder:
                 f.flush()  # the metrics rows up to the checkpoint survive a kill
             except OSError as err:
                 self._broke(job, "writing metrics.jsonl", err)
+        assert self.checkpoint_dir is not None  # (checkpoints are asked for only with a directory)
         try:
             checkpoint.save(checkpoint.path_for(self.checkpoint_dir, job_dir(job.name)), step=step,
                             state=state, metrics=metrics, done=done)

@@ -190,6 +190,7 @@ class JobRecord:
             if self.eval is not None and self.eval.last:
                 return {**(self.restored_metrics or {}), **self.eval.last}
             return self.restored_metrics
+        assert self.program is not None  # (values come from its steps)
         out = dict(zip(self.program.metric_names, self.last_values.tolist()))
         if self.extra_metrics:
             out.update(self.extra_metrics)

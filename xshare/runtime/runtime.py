@@ -179,9 +179,9 @@ class Runtime(Preparation, Deployments, Controls):
         self.group_capacity = group_capacity if self.fuse else None  # (the compile pool's copy)
         self.recorder = Recorder(log_dir=self.log_dir, checkpoint_dir=self.checkpoint_dir, t0=self.t0,
                                  tick=self.timeline_.drain if self._ring is not None else None)
-        self._dispatcher: Dispatcher | None = None
+        # (the feeder's lambda reads the dispatcher when a batch is ready, after it exists)
         self.feeder = LazyFeeder(lambda: self.device, lambda: self._dispatcher.poke)
-        self._dispatcher = Dispatcher(
+        self._dispatcher: Dispatcher = Dispatcher(
             policy=self.policy, arena=self.arena, device=self.device, feeder=self.feeder,
             recorder=self.recorder, timeline=self.timeline_, ring=self._ring, t0=self.t0,
             on_end=self._job_ended, config=DispatchConfig(
@@ -201,7 +201,7 @@ class Runtime(Preparation, Deployments, Controls):
         self._tier_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="xshare-tiers")
         self.status_server = self.grpc_server = None
         if status_port is not None or grpc_port is not None:
-            from ..serving.grpc_server import GrpcServer
+            from .grpc_server import GrpcServer
             from .server import StatusServer
             try:
                 if status_port is not None:
@@ -425,7 +425,7 @@ class Runtime(Preparation, Deployments, Controls):
         for listener in list(self._end_listeners):
             try:
                 listener(job)
-            except Exception:  # noqa: BLE001 - runs on the dispatcher thread: never take it down
+            except Exception:  # runs on the dispatcher thread: never take it down (logged)
                 log.exception("xshare: a job-end listener raised")
 
 

@@ -95,7 +95,7 @@ class StatusServer:
         ``deploy``/``undeploy``: ``callable(payload) -> dict`` / ``callable(name) -> dict``
         behind ``POST /models`` and ``DELETE /models/{name}`` (a service's; same rules).
         ``announce``: extra fields for the discovery record (e.g. ``{"kind": "service"}``).
-        ``repository``: a model repository (``xshare.serving.repository``) behind Triton's
+        ``repository``: a model repository (``xshare.service.repository``) behind Triton's
         ``/v2/repository`` routes."""
         if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
             raise ValueError(f"status_port={port!r} must be an int in 0..65535 (0 picks a free port)")
@@ -184,7 +184,7 @@ class StatusServer:
         # off the main thread, so the process's SIGINT/SIGTERM stay the CLI's.
         try:
             asyncio.run(server.serve(sockets=[sock]))
-        except BaseException:  # noqa: BLE001 - the loop died: say so, the runtime goes on
+        except BaseException:  # the loop died: say so (logged), the runtime goes on
             log.warning("status server: its event loop ended with an error", exc_info=True)
 
     def stop(self) -> None:
@@ -229,7 +229,9 @@ def _header_timeout_protocol() -> type:
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
     class Protocol(H11Protocol):
-        def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+        _head_deadline: asyncio.TimerHandle | None  # the request head's deadline, until it arrives
+
+        def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
             self._head_deadline = self.loop.call_later(HEADER_TIMEOUT_S, self._head_late)
 

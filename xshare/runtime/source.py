@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator
 import jax
 import numpy as np
 
+from .._errors import XShareError
 from .leaves import layout_of
 
 
@@ -31,7 +32,7 @@ class DataError:
 END = object()  # the data ran out (or the job's step count was reached)
 
 
-class BatchMismatch(Exception):
+class BatchMismatch(XShareError):
     """A batch whose pytree structure differs from the one the step was compiled for."""
 
 
@@ -69,6 +70,7 @@ class BatchSource:
         if self._callable:
             return self._data(step)
         self._open()
+        assert self._iter is not None  # (opened above: not a callable source)
         try:
             return next(self._iter)
         except StopIteration:
@@ -162,7 +164,7 @@ class Feeder:
 
     def __init__(self, device: Any, *, on_ready: Callable[[], None], workers: int = 2):
         self.device = device
-        self._queues = [queue.SimpleQueue() for _ in range(max(workers, 1))]
+        self._queues: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in range(max(workers, 1))]
         self._on_ready = on_ready
         self._threads = [threading.Thread(target=self._run, args=(q,), name=f"xshare-feeder-{i}",
                                           daemon=True) for i, q in enumerate(self._queues)]
@@ -191,7 +193,7 @@ class Feeder:
                 continue  # the dispatcher made this one itself while we were behind
             try:
                 self._produce(job)
-            except BaseException:  # noqa: BLE001 - never let the one feeder thread die
+            except BaseException:  # never let the one feeder thread die (logged)
                 import logging
                 logging.getLogger("xshare.runtime").exception("feeder: job %r", job.name)
 
@@ -206,18 +208,21 @@ class LazyFeeder:
     ``poke`` (the dispatcher may not exist yet when this is made)."""
 
     def __init__(self, device: Callable[[], Any], on_ready: Callable[[], Callable[[], None]]):
-        self._device, self._on_ready, self._feeder = device, on_ready, None
+        self._device, self._on_ready = device, on_ready
+        self._feeder: Feeder | None = None
         self._lock = threading.Lock()
 
     def request(self, job: Any, n: int = 1) -> None:
-        if self._feeder is None:
+        feeder = self._feeder
+        if feeder is None:
             with self._lock:
                 if self._feeder is None:
                     # Two threads: data code (numpy, decoding) runs beside the dispatcher; more
                     # would only contend for the GIL with it.
                     self._feeder = Feeder(self._device(), on_ready=self._on_ready(),
                                           workers=min(2, os.cpu_count() or 1))
-        self._feeder.request(job, n)
+                feeder = self._feeder
+        feeder.request(job, n)
 
     def close(self) -> None:
         if self._feeder is not None:

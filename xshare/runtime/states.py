@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import enum
 
+from .._errors import XShareError
+
 
 class JobState(str, enum.Enum):
     COMPILING = "compiling"  # tracing/compiling on the compile pool (or a shared program's)
@@ -82,7 +84,7 @@ for _s in LIVE:
     _TABLE[(_s, E.CANCEL)] = S.CANCELLED
 
 
-class IllegalTransition(RuntimeError):
+class IllegalTransition(XShareError, RuntimeError):
     """A state change the lifecycle does not allow: a bug in the caller, never a user error."""
 
 

@@ -138,13 +138,13 @@ class Sweeps:
             positions |= set(fam.traced.differing(t))
         if not positions or positions == set(fam.positions):
             return
-        positions = tuple(sorted(positions))
+        chosen = tuple(sorted(positions))
         try:
-            program = PROGRAMS.lifted(fam.ref, fam.traced, list(positions), device=self.device)
+            program = PROGRAMS.lifted(fam.ref, fam.traced, list(chosen), device=self.device)
         except NotLiftable as err:
             fam.refused = f"a constant that differs between these jobs cannot be lifted: {err}"
             return
-        fam.positions, fam.program = positions, program
+        fam.positions, fam.program = chosen, program
 
 
 def values_at(traced: Any, positions: tuple) -> tuple:

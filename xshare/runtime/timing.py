@@ -155,8 +155,8 @@ class Timeline:
         """Every step in the window, in start order."""
         self.drain()
         with self._lock:
-            rows = [StepRecord(int(j), int(l), int(s), int(a), int(b))
-                    for chunk in self._chunks for j, l, s, a, b in chunk.tolist()]
+            rows = [StepRecord(int(j), int(ln), int(s), int(a), int(b))
+                    for chunk in self._chunks for j, ln, s, a, b in chunk.tolist()]
         rows += [StepRecord(*r) for r in list(self._host)]
         return sorted(rows, key=lambda r: r.t_begin_ns)
 

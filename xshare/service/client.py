@@ -85,7 +85,7 @@ def call(svc: Service, method: str, path: str, payload: Any = None, *, timeout: 
 
 
 def submit(svc: Service, requests: list[Any]) -> list[dict[str, Any]]:
-    from .jobs import SCHEMA_ID
+    from xshare.jobs.request import SCHEMA_ID
 
     answer = call(svc, "POST", "/jobs", {"schema": SCHEMA_ID, "jobs": [r.to_json() for r in requests]})
     return list(answer["jobs"])

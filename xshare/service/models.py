@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from .._errors import SpecError
-from .jobs import RequestError, _check_json_value
+from ..jobs.request import RequestError, _check_json_value
 
 FIELDS = ("entry", "params", "name", "version")
 
@@ -60,7 +60,7 @@ class ModelRequest:
     def build(self) -> Any:
         """Import the entry, call it with ``params``; the ``ModelSpec`` (renamed to ``name``).
         SpecError with a one-line reason otherwise."""
-        from xshare.cli.spec.resolve import check_params, resolve_entry, signature
+        from xshare.jobs.resolve import check_params, resolve_entry, signature
         from xshare.serving.spec import ModelSpec, NAME_RE
 
         who = f"model {self.entry}"
@@ -84,7 +84,7 @@ class ModelRequest:
 
 def from_cli(entry: str, sets: list[str], name: str | None = None, version: int | None = None) -> ModelRequest:
     """``ENTRY --set k=v ...`` as a request (one value per key: a model is not a sweep)."""
-    from xshare.cli.spec.parse import parse_set
+    from xshare.jobs.parse import parse_set
 
     params = {}
     for item in sets:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .._errors import error_line
-from .jobs import JobRequest
+from ..jobs.request import JobRequest
 
 log = logging.getLogger("xshare.ray")
 
@@ -126,9 +126,12 @@ def run_sweep(requests: list[JobRequest], *, run_dir: str, actors: int = 2, memo
     for i in range(actors):
         opts = actor_options(i, num_cpus=num_cpus)
         live[opts["name"]] = cls.options(**opts).remote(run_dir, memory, policy, checkpoint_every, fuse)
-    sweep = Sweep(requests={r.name: r for r in requests})
-    arrival = {r.name: i for i, r in enumerate(requests)}
-    pending = [r.name for r in requests]
+    names = [r.name for r in requests if r.name is not None]
+    if len(names) != len(requests):  # (a launch plan names every job: requests_from_plan)
+        raise ValueError("run_sweep: every request needs a name; expand them with requests_from_plan")
+    sweep = Sweep(requests=dict(zip(names, requests)))
+    arrival = {n: i for i, n in enumerate(names)}
+    pending = list(names)
     snaps: dict[str, dict[str, Any]] = {}
     try:
         while True:

@@ -25,10 +25,10 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from .._errors import AdmissionError, SpecError, XShareError, error_line
-from .jobs import JobRequest, RequestError, loads
+from ..jobs.request import JobRequest, RequestError, loads
 
 log = logging.getLogger("xshare.service")
 
@@ -44,7 +44,7 @@ class Service:
 
     def __init__(self, *, run_dir: str | os.PathLike, memory: Any = None, policy: str = "pack",
                  host: str = "127.0.0.1", port: int = 0, resume: bool = False,
-                 checkpoint_every: int | None = 100, fuse: bool = False, models: list[Any] = (),
+                 checkpoint_every: int | None = 100, fuse: bool = False, models: Sequence[Any] = (),
                  grpc_port: int | None = None, repository: dict[str, Any] | None = None):
         import xshare
         from xshare.runtime.server import StatusServer
@@ -76,7 +76,7 @@ class Service:
                     self.deployed.append(name)
             self.repository = None  # --model-repository: Repository(rt, **repository) loads its models now
             if repository is not None:
-                from xshare.serving.repository import Repository
+                from xshare.service.repository import Repository
                 self.repository = Repository(self.rt, **repository)
             self.server = StatusServer(self.rt, host, port, submit=self.submit_payload,
                                        deploy=self.deploy_payload, undeploy=self.undeploy_name,
@@ -85,7 +85,7 @@ class Service:
             self.server.start()
             self.grpc = None  # the models over gRPC too (xshare serve --grpc-port), after they deploy
             if grpc_port is not None:
-                from xshare.serving.grpc_server import GrpcServer
+                from xshare.runtime.grpc_server import GrpcServer
                 self.grpc = GrpcServer(self.rt, host, grpc_port, repository=self.repository,
                                        token=self.server.token).start()
             from xshare.runtime.discovery import write_private
@@ -237,6 +237,8 @@ class Service:
             if not line.strip():
                 continue
             req = JobRequest.from_json(json.loads(line), f"{self.journal} line {i + 1}")
+            if req.name is None:  # (the journal holds every request under its final name)
+                raise RequestError(f"{self.journal} line {i + 1}: a journaled job has no name")
             if ended.get(req.name) in ("cancelled", "failed"):
                 continue
             requests.append(req)

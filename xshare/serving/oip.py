@@ -254,7 +254,7 @@ def parse_infer(body: bytes, header_len: str | None, meta: dict[str, Any], sched
         wanted = []
         for o in outs:
             name = o.get("name") if isinstance(o, dict) else None
-            if name not in known:
+            if not isinstance(name, str) or name not in known:
                 raise Reply(400, f"unknown output {name!r}; model {meta['name']!r} has {sorted(known)}")
             wanted.append(name)
             binary_out[name] = bool((o.get("parameters") or {}).get("binary_data", default_binary))

@@ -74,6 +74,16 @@ class _Teller:
     whose job could not be built, and how a trial's job ended. A driver has ``study``,
     ``callbacks``, ``metric`` and ``catch``."""
 
+    # Set by each driver's __init__ (declared here so both drivers are checked against them).
+    study: optuna.Study
+    callbacks: list[Callable[[optuna.Study, Any], None]]
+    metric: str
+    catch: tuple[type[BaseException], ...]
+
+    def abandon(self, why: str, *, requeue: bool) -> None:
+        """Tell every running trial the study stopped (``why``); each driver knows its trials."""
+        raise NotImplementedError
+
     def built(self, trial: optuna.Trial, make: Callable[[optuna.Trial], Any]) -> Any:
         """``make(trial)``: the trial's job (a spec, or a request); None if the trial ended
         already (pruned in its objective, or failed with an error in ``catch``)."""
@@ -114,6 +124,7 @@ class _Teller:
             trial.set_user_attr(ATTR_PRUNED_AT, pruned_at)
             self.tell(trial, TrialState.PRUNED)
         elif status == "done":
+            assert last is not None  # (done without a value raised above)
             self.tell(trial, TrialState.COMPLETE, last[1])
         else:
             trial.set_user_attr(ATTR_ERROR, error or f"its job was {status} after {steps} steps")

@@ -1,7 +1,7 @@
 """``optimize_ray``: an Optuna study whose trials run on the runtime actors of a Ray cluster.
 
 What runs where. The driver (the calling process) alone talks to the study: it asks trials,
-turns each into a :class:`~xshare.service.jobs.JobRequest` (plain data: an entry point and
+turns each into a :class:`~xshare.jobs.JobRequest` (plain data: an entry point and
 its params, never a closure), reports metric values, asks the pruner and tells the outcomes,
 so any Optuna storage works, SQLite included, and no actor needs Optuna. Each of ``actors``
 runtime actors (:class:`~xshare.service.ray_actors.RuntimeActor`, one long-lived
@@ -159,7 +159,7 @@ class _RayDriver(_Teller):
 
     def ask(self, batch: list[_Trial]) -> _Trial | None:
         """Ask a trial, make its request and pick its actor; None: it ended already."""
-        from xshare.service.jobs import JobRequest
+        from xshare.jobs.request import JobRequest
 
         trial = self.study.ask()
         req = self.built(trial, self.request)
@@ -168,7 +168,7 @@ class _RayDriver(_Teller):
         if not isinstance(req, JobRequest):  # misuse: never caught
             trial.set_user_attr(ATTR_ERROR, f"request(trial) returned a {type(req).__name__}")
             self.tell(trial, TrialState.FAIL)
-            raise TypeError(f"request(trial) must return an xshare.service.jobs.JobRequest "
+            raise TypeError(f"request(trial) must return an xshare.jobs.JobRequest "
                             f"(entry, params, steps); got {type(req).__name__}")
         name = f"trial-{trial.number}"
         every = self.report_every

@@ -19,6 +19,7 @@ import argparse
 import json
 import sys
 import time
+from typing import Sequence
 
 from .fetch import Target, View, control, fetch_all, fetch_status, find_targets, none_found, schema_errors
 from .model import SORT_KEYS, UI, KeyReader, apply_key, selectable
@@ -55,7 +56,7 @@ def _positive_float(text: str) -> float:
     return value
 
 
-def _none_found(args: argparse.Namespace, views: list[View] = ()) -> int:
+def _none_found(args: argparse.Namespace, views: Sequence[View] = ()) -> int:
     print(f"xshare top: {none_found(args, views)}", file=sys.stderr)
     return EXIT_NONE
 

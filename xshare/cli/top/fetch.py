@@ -9,8 +9,10 @@ import json
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 from urllib.parse import quote
+
+from ..._errors import XShareError
 
 SCHEMA_ID = "xshare.status/v1"
 
@@ -33,7 +35,7 @@ class View:
     error: str | None = None
 
 
-class NotAStatus(ValueError):
+class NotAStatus(XShareError, ValueError):
     """The address answered, but not with an ``xshare.status/v1`` document."""
 
 
@@ -107,7 +109,7 @@ def _why(err: BaseException) -> str:
     return str(reason if reason is not None else err)
 
 
-def none_found(args: argparse.Namespace, views: list[View] = ()) -> str:
+def none_found(args: argparse.Namespace, views: Sequence[View] = ()) -> str:
     """The message for "no runtime answered"."""
     from xshare.runtime.discovery import discovery_dir
 

@@ -118,7 +118,7 @@ class KeyReader:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=1)
-        if self._saved is not None:
+        if self._saved is not None and self._fd is not None:
             import termios
 
             termios.tcsetattr(self._fd, termios.TCSADRAIN, self._saved)
@@ -130,12 +130,14 @@ class KeyReader:
             return None
 
     def _read(self) -> None:
+        fd = self._fd
+        assert fd is not None  # (the thread starts once __enter__ has set it)
         while not self._stop.is_set():
             try:
-                ready, _, _ = select.select([self._fd], [], [], 0.1)
+                ready, _, _ = select.select([fd], [], [], 0.1)
                 if not ready:
                     continue
-                data = os.read(self._fd, 64)
+                data = os.read(fd, 64)
             except (OSError, ValueError):
                 return
             if not data:

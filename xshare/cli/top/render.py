@@ -51,6 +51,7 @@ def _header(v: View) -> Any:
 
     from xshare.cli.render import fmt_seconds
 
+    assert v.status is not None  # (render draws a view's tables only when it has a status)
     rt = v.status["runtime"]
     t = Text()
     t.append("xshare ", style="bold")
@@ -183,9 +184,11 @@ def _jobs_table(v: View, ui: UI, colors: dict[str, str], width: int) -> Any:
             text += f" {ev[0]} {fmt_number(ev[1])}"
         return Text(text)
 
+    assert v.status is not None  # (as in _header)
     jobs = ordered_jobs(v.status, ui.sort)
     any_error = any(j["error"] for j in jobs)
-    columns = [
+    # (header, narrowest width that shows it, rich's justify, the cell of a job)
+    columns: list[tuple[str, int, Any, Callable[[dict[str, Any]], Any]]] = [
         ("job", 0, "left", lambda j: Text(j["name"], style=colors.get(j["name"], ""))),
         ("status", 0, "left", lambda j: Text(j["status"], style=STATUS_STYLE.get(j["status"], ""))),
         ("lane", 0, "right", lambda j: "-" if j["lane"] is None else str(j["lane"])),

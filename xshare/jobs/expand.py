@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from . import resolve
-from .parse import (JobTable, LaunchPlan, Overrides, PlannedJob, RuntimeOptions, check_job, check_runtime,
+from .parse import (JobTable, LaunchPlan, Overrides, RuntimeOptions, check_job, check_runtime, parse_set,
                     read_toml, safe)
+from .request import JobRequest, RequestError
 
 _MAX_LABEL = 120  # characters of k=v text in a job name; directory names stay well under 255
 
@@ -71,7 +72,8 @@ def plan(tables: list[JobTable], runtime: RuntimeOptions, source: str, stem: str
         hint = " (replicas > 1 passes seed=0..N-1; set params.seed to run identical copies instead)." if "seed" in label else "."
         resolve.check_params(sig, params, f"job {name} ({table.origin}, {table.entry})", hint)
         steps = table.steps if table.steps is not None else resolve.steps_default(sig)
-        jobs.append(PlannedJob(num, name, table.entry, params, steps, table.priority, table.origin))
+        jobs.append(JobRequest(entry=table.entry, params=params, steps=steps, name=name, priority=table.priority,
+                               origin=table.origin))
     return LaunchPlan(source=source, stem=stem, runtime=runtime, jobs=tuple(jobs))
 
 
@@ -91,3 +93,36 @@ def plan_entry(entry: str, over: Overrides = Overrides()) -> LaunchPlan:
     table = check_job({"entry": entry}, "command line", over)
     stem = safe(entry.replace(":", "-").rpartition(".")[2])
     return plan([table], runtime, entry, stem)
+
+
+def plan_target(target: str, sets: Sequence[str] = (), steps: int | None = None) -> LaunchPlan:
+    """Expand ``SPEC.toml`` or ``module:function --set k=v`` into a plan, without importing any
+    entry: the grid and the names only (the service checks parameters when it builds the
+    jobs, so a client needs neither jax nor the module)."""
+    over = Overrides(steps=steps, sets=dict(parse_set(s) for s in sets))
+    if target.endswith(".toml") or Path(target).is_file():
+        path = Path(target)
+        runtime_raw, jobs_raw = read_toml(path)
+        where = f"{path}: "
+        runtime = check_runtime(runtime_raw, over, where)
+        tables = [check_job(t, f"{where}[[job]] #{i + 1}", over) for i, t in enumerate(jobs_raw)]
+        source, stem = str(path), safe(path.stem)
+    elif ":" in target:
+        runtime = check_runtime({}, over, "")
+        tables = [check_job({"entry": target}, "command line", over)]
+        source, stem = target, safe(target.replace(":", "-").rpartition(".")[2])
+    else:
+        raise RequestError(f"{target!r} is neither a spec file (SPEC.toml) nor an entry point (module:function)")
+    points = [(t, params, label) for t in tables for params, label in grid(t)]
+    width = len(str(len(points)))
+    jobs = tuple(JobRequest(entry=t.entry, params=params, steps=t.steps, name=job_name(num, width, t, label),
+                            priority=t.priority, origin=t.origin)
+                 for num, (t, params, label) in enumerate(points))
+    return LaunchPlan(source=source, stem=stem, runtime=runtime, jobs=jobs)
+
+
+def requests_from_plan(plan: LaunchPlan) -> list[JobRequest]:
+    """A launch plan's jobs (a spec file or an entry with ``--set``) as requests: same names,
+    params, steps and priorities as ``xshare launch`` would run. (They are requests already:
+    kept for callers that ask for a list.)"""
+    return list(plan.jobs)

@@ -67,7 +67,7 @@ def _find_module(module_name: str, who: str) -> Any:
         found = importlib.util.find_spec(module_name)
     except ModuleNotFoundError as err:  # a parent package is missing
         found, missing = None, err.name or module_name
-    except Exception as err:  # a parent package raised while importing
+    except Exception as err:  # noqa: BLE001 - a parent package raised while importing
         raise SpecError(f"{who}: importing {module_name!r} raised {type(err).__name__}: {err}") from None
     else:
         missing = module_name
@@ -88,7 +88,7 @@ def resolve_entry(entry: Any, who: str) -> Callable[..., Any]:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as err:
         raise SpecError(f"{who}: importing {module_name!r} failed: {err} (a dependency of that module is missing)") from None
-    except Exception as err:  # the user's module raised while importing: show what, not our traceback
+    except Exception as err:  # noqa: BLE001 - the user's module raised while importing: show what, not our traceback
         raise SpecError(f"{who}: importing {module_name!r} raised {type(err).__name__}: {err}") from None
 
     fn = getattr(module, func_name, None)
@@ -142,7 +142,12 @@ def _static_signature(path: str, func_name: str) -> inspect.Signature | None:
 def _bound_names(node: ast.AST) -> set[str]:
     if isinstance(node, (ast.Import, ast.ImportFrom)):
         return {(a.asname or a.name).split(".")[0] for a in node.names}
-    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+    if isinstance(node, ast.Assign):
+        targets = node.targets
+    elif isinstance(node, ast.AnnAssign):
+        targets = [node.target]
+    else:
+        return set()
     return {t.id for target in targets for t in ast.walk(target) if isinstance(t, ast.Name)}
 
 

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,6 +12,8 @@ from typing import Any, Mapping
 from xshare._errors import SpecError
 from xshare._units import parse_bytes
 
+from .request import JobRequest
+from .request import safe as safe
 from .resolve import did_you_mean
 
 TOP_KEYS = ("runtime", "job")
@@ -53,25 +54,9 @@ class Overrides:
     sets: Mapping[str, Any] = field(default_factory=dict)  # key -> value, or list of values to sweep
 
 
-@dataclass(frozen=True)
-class PlannedJob:
-    """One expanded job: which factory, called with what. ``origin`` locates it in the spec."""
-
-    index: int
-    name: str
-    entry: str
-    params: Mapping[str, Any]
-    steps: int | None  # None: the factory decides
-    priority: int | None  # None: keep the factory's
-    origin: str
-
-    @property
-    def who(self) -> str:
-        return f"job {self.name} ({self.origin}, {self.entry})"
-
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "entry": self.entry, "params": dict(self.params),
-                "steps": self.steps, "priority": self.priority}
+# One expanded job is the one "job as data" type, the request the service and Ray take too (its
+# ``origin`` locates it in the spec). The old name stays for code that imports it.
+PlannedJob = JobRequest
 
 
 @dataclass(frozen=True)
@@ -79,11 +64,14 @@ class LaunchPlan:
     source: str  # the spec file, or the entry for --set launches
     stem: str  # names the default run directory
     runtime: RuntimeOptions
-    jobs: tuple[PlannedJob, ...]
+    jobs: tuple[JobRequest, ...]  # each named
 
     def to_json(self) -> dict[str, Any]:
+        # The launch record (spec.json, --dry-run --json) keeps every key, null included.
+        jobs = [{"name": j.name, "entry": j.entry, "params": dict(j.params), "steps": j.steps,
+                 "priority": j.priority} for j in self.jobs]
         return {"schema": "xshare.launch/v1", "source": self.source,
-                "runtime": dict(self.runtime.as_kwargs()), "jobs": [j.to_json() for j in self.jobs]}
+                "runtime": dict(self.runtime.as_kwargs()), "jobs": jobs}
 
 
 @dataclass
@@ -125,12 +113,6 @@ def parse_set(item: str) -> tuple[str, Any]:
     if any(v == "" for v in values):
         raise SpecError(f"--set {item!r}: empty value; write --set {key}=V1,V2 with no empty items")
     return key, values if len(values) > 1 else values[0]
-
-
-def safe(text: str) -> str:
-    """Filesystem-safe on every OS, and left unchanged by the runtime's own log-dir naming:
-    ASCII letters, digits and ``. _ = , -``."""
-    return re.sub(r"[^A-Za-z0-9._=,-]+", "-", text).strip("-.") or "job"
 
 
 # ---------------------------------------------------------------------------------- tables
@@ -228,7 +210,7 @@ def check_job(raw: Any, origin: str, over: Overrides) -> JobTable:
     for key, value in params.items():
         if isinstance(value, list) and not value:
             raise SpecError(f"{who}: params.{key} is an empty list, so the grid is empty; give at least one value")
-    return JobTable(origin, entry, params, steps, replicas, priority, name)
+    return JobTable(origin, raw["entry"], params, steps, replicas, priority, name)
 
 
 def plan_from_json(data: Mapping[str, Any], where: str) -> LaunchPlan:
@@ -240,7 +222,7 @@ def plan_from_json(data: Mapping[str, Any], where: str) -> LaunchPlan:
     runtime = RuntimeOptions(policy=rt.get("policy", "pack"), memory=rt.get("memory"),
                              quantum=rt.get("quantum", 1), fuse=bool(rt.get("fuse", False)))
     jobs = tuple(
-        PlannedJob(index=i, name=j["name"], entry=j["entry"], params=dict(j.get("params") or {}),
+        JobRequest(name=j["name"], entry=j["entry"], params=dict(j.get("params") or {}),
                    steps=j.get("steps"), priority=j.get("priority"), origin=f"{where} job #{i}")
         for i, j in enumerate(data.get("jobs") or []))
     source = str(data.get("source", where))

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import SpecError, XShareError
-from .spec import NAME_RE, InferError
+from ..serving.spec import NAME_RE, InferError
 
 log = logging.getLogger("xshare.serving")
 
@@ -52,8 +52,8 @@ KEYS = ("entry", "params")
 
 def read_entry(directory: Path) -> Any:
     """An entry's ``config.toml`` as a ``ModelRequest`` named after the directory; SpecError says why."""
-    from ..service.jobs import RequestError
-    from ..service.models import ModelRequest
+    from .jobs import RequestError
+    from .models import ModelRequest
 
     path = directory / CONFIG
     name = directory.name

@@ -35,9 +35,9 @@ from typing import Any
 import numpy as np
 
 from .._errors import XShareError
-from ..runtime.discovery import loopback
-from . import tensors
-from .spec import InferError
+from ..serving import tensors
+from ..serving.spec import InferError
+from .discovery import loopback
 
 log = logging.getLogger("xshare.server")
 
@@ -112,7 +112,7 @@ def build_response(pb2: Any, model: str, req_id: str, outputs: dict[str, np.ndar
 
 def _servicer(rt: Any, pb2: Any, pb2_grpc: Any, grpc: Any, repo: Any = None, token: str | None = None) -> Any:
     from .. import __version__
-    from .extensions import model_config, model_statistics
+    from ..serving.extensions import model_config, model_statistics
 
     async def refuse(context: Any, code: int, message: str) -> None:
         await context.abort(getattr(grpc.StatusCode, _CODES.get(code, "UNKNOWN")), message)
