@@ -28,7 +28,7 @@ import numpy as np
 
 from .. import ffi
 from ..memory.footprint import Footprint, footprint_from_analysis
-from .compiler import DONATE, PROGRAMS, CompiledStep, tree_nbytes
+from .compiler import PROGRAMS, CompiledStep, tree_nbytes
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,10 @@ class MultiStep:
     def k(self) -> int:
         return self.form.k
 
+
+# The state is donated (updated in place, as by the one-step program); the K stacked batches are
+# not: no output has their shape, so XLA could not reuse them, and would say so at each lowering.
+STATE_ONLY = (0,)
 
 # The forms tried for a program, in order: a rolled loop first (its compile does not grow with
 # K), then a shorter unrolled one (a compile K bodies long; for programs whose rolled form is
@@ -88,7 +92,7 @@ def _compile(program: CompiledStep, form: Form, device: Any) -> MultiStep:
 
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-        lowered = jax.jit(multi, donate_argnums=DONATE).lower(*args)
+        lowered = jax.jit(multi, donate_argnums=STATE_ONLY).lower(*args)
         t0 = time.perf_counter()
         compiled = lowered.compile()
         compile_s = time.perf_counter() - t0
@@ -132,7 +136,7 @@ def _compile_group(program: CompiledStep, capacity: int, form: Form, device: Any
 
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-        lowered = jax.jit(multi, donate_argnums=DONATE).lower(*args)
+        lowered = jax.jit(multi, donate_argnums=STATE_ONLY).lower(*args)
         t0 = time.perf_counter()
         compiled = lowered.compile()
         compile_s = time.perf_counter() - t0
@@ -214,6 +218,15 @@ class Verdicts:
     def clear(self) -> None:
         with self._lock:
             self._by.clear()
+
+    def typical_ratio(self) -> float:
+        """The median K-step / one-step cost per step among the forms kept so far (by any
+        program, this process or earlier ones: ``persist``), or 0.5 before any: what a
+        promotion expects to save before its own program is measured."""
+        with self._lock:
+            ratios = sorted(v.multi_step_s / v.single_step_s for v in self._by.values()
+                            if v.kept and v.single_step_s > 0)
+        return ratios[len(ratios) // 2] if ratios else 0.5
 
 
 VERDICTS = Verdicts()
