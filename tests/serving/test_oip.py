@@ -160,6 +160,9 @@ def test_every_bad_request_gets_its_status_code_and_the_models_serve_on(served, 
     words = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, D_IN], "data": ["a"] * D_IN}]}
     code, _, body = post(addr, "/v2/models/mlp/infer", json.dumps(words).encode())
     assert code == 400 and "not FP32 values" in json.loads(body)["error"]
+    listed = {"inputs": [{"name": ["x"], "datatype": "FP32", "shape": [1, D_IN], "data": [1.0] * D_IN}]}
+    code, _, body = post(addr, "/v2/models/mlp/infer", json.dumps(listed).encode())  # unhashable: was a 500
+    assert code == 400 and "unknown input ['x']" in json.loads(body)["error"]
     # an oversized body is refused on its declared length, before it is read
     code, _, body = post(addr, "/v2/models/mlp/infer", b"{",
                          {"Content-Length": str(INFER_MAX_BODY_BYTES + 1)})

@@ -81,15 +81,15 @@ def extras_section() -> tuple[dict, list[Check]]:
         requires = meta.get_all("Requires-Dist") or []
     except md.PackageNotFoundError:
         extras, requires = [], []
-    data = {}
+    data: dict[str, dict[str, Any]] = {}
     for extra in extras:
         dists = []
         for req in requires:
             if re.search(rf"extra\s*==\s*['\"]{re.escape(extra)}['\"]", req):
-                name = re.match(r"[A-Za-z0-9_.\-]+", req).group(0)
-                if name != "xshare":
-                    dists.append(name)
-        found = {}
+                m = re.match(r"[A-Za-z0-9_.\-]+", req)  # PEP 508: a requirement starts with its name
+                if m is not None and m.group(0) != "xshare":
+                    dists.append(m.group(0))
+        found: dict[str, bool] = {}
         for dist in dists:
             module = _MODULE.get(dist.lower(), dist.lower().replace("-", "_"))
             top = module.split(".")[0]
@@ -121,7 +121,7 @@ def cache_section() -> tuple[dict, list[Check]]:
     files = [p for p in directory.rglob("*") if p.is_file()] if directory.is_dir() else []
     data = {"launch_dir": str(directory), "exists": directory.is_dir(), "entries": len(files),
             "bytes": sum(p.stat().st_size for p in files),
-            "this_process_dir": jax.config.jax_compilation_cache_dir}
+            "this_process_dir": jax.config.jax_compilation_cache_dir}  # type: ignore[attr-defined]  # jax sets its options on Config at import (setattr)
     writable = os.access(directory if directory.is_dir() else _existing_parent(directory), os.W_OK)
     summary = (f"{directory}: {data['entries']} entries, {format_bytes(data['bytes'])}" if data["exists"]
                else f"{directory} (not created yet: the first `xshare launch` creates it)")

@@ -59,10 +59,12 @@ def ffi_section() -> tuple[dict, list[Check]]:
     if st.lib is not None:
         n = st.lib.xshare_ffi_api_version()
         api = f"{n // 1000}.{n % 1000}"
+    data: dict[str, Any]
     data = {"available": ok, "enabled": os.environ.get("XSHARE_FFI", "1") != "0",
             "library": lib_path, "built_for_jaxlib": _build.built_for(Path(lib_path)) if lib_path else None,
             "running_jaxlib": _build.jaxlib_version(), "ffi_api": api,
-            "cuda_library": str(st.lib_dir / _build.CUDA_LIB) if st.cuda_lib is not None else None,
+            "cuda_library": (str(st.lib_dir / _build.CUDA_LIB)  # (lib_dir is set before cuda_lib)
+                             if st.lib_dir is not None and st.cuda_lib is not None else None),
             "platforms": sorted(st.registered),
             "handlers": [f"{t} ({p})" for p in sorted(st.registered) for t in _loader.TARGETS.values()],
             "error": None if ok else ffi.unavailable_reason()}
@@ -156,16 +158,18 @@ def analysis_section() -> tuple[dict, list[Check]]:
     w, x = jnp.ones((128, 128), jnp.float32), jnp.ones((64, 128), jnp.float32)
     compiled = jax.jit(step, donate_argnums=0).lower(w, x).compile()
     ma = compiled.memory_analysis()
+    data: dict[str, Any]
     if ma is None:
         data = {"temp_bytes": None, "argument_bytes": None, "output_bytes": None, "alias_bytes": None,
                 "bound_bytes": None, "plausible": False, "note": "memory_analysis() returned None"}
         return data, [Check("memory_analysis", "memory_analysis", FAIL, "returned None for a probe step",
                             "jobs cannot be admitted from XLA's figures on this backend; report it")]
-    hlo = compiled.as_text()
+    hlo = compiled.as_text()  # None where the backend has no text: then no bound
+    bound = temp_bound(hlo).bytes if hlo is not None else None
     figures = [int(getattr(ma, f"{k}_size_in_bytes", -1)) for k in ("temp", "argument", "output", "alias")]
     if min(figures) < 0:
         data = {"temp_bytes": figures[0], "argument_bytes": figures[1], "output_bytes": figures[2],
-                "alias_bytes": figures[3], "bound_bytes": temp_bound(hlo).bytes, "plausible": False,
+                "alias_bytes": figures[3], "bound_bytes": bound, "plausible": False,
                 "note": "memory_analysis() returned negative (unknown) figures"}
         return data, [Check("memory_analysis", "memory_analysis", FAIL,
                             f"probe step: unknown figures {figures} (temp, arguments, outputs, aliased)",
@@ -173,7 +177,7 @@ def analysis_section() -> tuple[dict, list[Check]]:
     fixed = implausible_temp(int(ma.temp_size_in_bytes), hlo)
     data = {"temp_bytes": int(ma.temp_size_in_bytes), "argument_bytes": int(ma.argument_size_in_bytes),
             "output_bytes": int(ma.output_size_in_bytes), "alias_bytes": int(ma.alias_size_in_bytes),
-            "bound_bytes": temp_bound(hlo).bytes, "plausible": fixed is None,
+            "bound_bytes": bound, "plausible": fixed is None,
             "note": fixed[1] if fixed else None}
     if fixed is None:
         return data, [Check("memory_analysis", "memory_analysis", OK,

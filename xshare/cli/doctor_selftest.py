@@ -88,6 +88,7 @@ def check_fences(quick: bool) -> Result:
         return Result("fences", NA, f"no fences here: {ffi.unavailable_reason() or 'XSHARE_FFI=0'}")
     ok, verdict = canary.gate(jax.devices()[0])
     if not ok:
+        assert verdict is not None  # gate() gives no verdict only under XSHARE_CANARY=skip, which passes
         return Result("fences", FAIL, f"not run: the canary failed ({verdict.reason})",
                       "see the canary row; runtimes here run without fences")
     # The canary's per-step check, in this process now that a child has survived it (the
@@ -97,7 +98,7 @@ def check_fences(quick: bool) -> Result:
         passed, reason = canary.run_canary(jax.default_backend(), steps=8)
         if not passed:
             return Result("fences", FAIL, reason, "report it with `xshare doctor --json`")
-    from xshare.models import mlp
+    from xshare.models import mlp  # type: ignore[import-not-found]  # models/ installs as xshare.models (package-dir); mypy sees xshare/ only
 
     steps = 20
     start = ffi.now_ns()
@@ -139,7 +140,9 @@ def check_memory(quick: bool) -> Result:
     if not quick:
         zoo += [("cnn", lambda: cnn.make_job(channels=8, blocks=1, batch=8, steps=3)),
                 ("transformer", lambda: transformer.make_job(d_model=32, layers=1, seq=32, batch=8, steps=3))]
-    rows, notes, worst = [], [], OK
+    rows: list[dict[str, Any]] = []
+    notes: list[str] = []
+    worst = OK
     for name, make in zoo:
         spec = make()
         state = jax.device_put(spec.state, device)
@@ -159,7 +162,7 @@ def check_memory(quick: bool) -> Result:
             # Bytes above what was in use before the steps (the state and one batch): the
             # step's temporaries and outputs, E's share. peak_bytes_in_use only rises, so a
             # peak set by an earlier model hides this one's: then it is not measured.
-            if after["peak_bytes_in_use"] > before["peak_bytes_in_use"]:
+            if after is not None and after["peak_bytes_in_use"] > before["peak_bytes_in_use"]:
                 measured = after["peak_bytes_in_use"] - before["bytes_in_use"]
         # The allocator rounds each buffer up (BFC: 256 B chunks, whole regions): only a
         # measured peak beyond 5% + 1 MiB of the prediction is reported as above it.

@@ -60,7 +60,7 @@ def preallocation_settings(environ=None) -> list[dict]:
     valid = ("default", "platform", "bfc", "cuda_async", "vmm")
     out.append({"name": "XLA_PYTHON_CLIENT_ALLOCATOR", "value": alloc or "default",
                 "source": "env XLA_PYTHON_CLIENT_ALLOCATOR" if alloc else "XLA default",
-                "fatal": bool(alloc) and alloc.lower() not in valid,
+                "fatal": bool(alloc and alloc.lower() not in valid),
                 "problem": (f"XLA_PYTHON_CLIENT_ALLOCATOR={alloc!r} is not one of {', '.join(valid)}"
                             if alloc and alloc.lower() not in valid else
                             "the platform allocator preallocates nothing and reports no bytes_limit: "

@@ -49,7 +49,7 @@ class Footprint:
 
 
 def footprint_from_analysis(stats: Any, *, state_bytes: int, batch_bytes: int, prefetch: int,
-                            job: str = "?", hlo: Callable[[], str] | None = None) -> Footprint:
+                            job: str = "?", hlo: Callable[[], str | None] | None = None) -> Footprint:
     """Build a Footprint from ``compiled.memory_analysis()``.
 
     ``state_bytes``/``batch_bytes`` are the exact sizes of the step's two arguments, computed from

@@ -53,7 +53,7 @@ def shape_bytes(shape: str) -> int:
 def temp_bound(hlo_text: str) -> TempBound:
     """An upper bound on the temporaries of an optimized HLO module (``compiled.as_text()``)."""
     computations: list[tuple[str, bool, list[str]]] = []  # (name, is_entry, body lines)
-    current = None
+    current: tuple[str, bool, list[str]] | None = None
     for line in hlo_text.splitlines():
         if current is None:
             m = _HEADER.match(line)
@@ -82,9 +82,10 @@ def temp_bound(hlo_text: str) -> TempBound:
     return TempBound(buffers, total)
 
 
-def implausible_temp(temp: int, hlo_text: str) -> tuple[int, str] | None:
-    """(bytes to charge, why) when XLA's ``temp`` cannot be right for this program; else None."""
-    if temp > 0:
+def implausible_temp(temp: int, hlo_text: str | None) -> tuple[int, str] | None:
+    """(bytes to charge, why) when XLA's ``temp`` cannot be right for this program; else None.
+    ``hlo_text`` None (``compiled.as_text()`` where the backend has no text): nothing to check."""
+    if temp > 0 or hlo_text is None:
         return None
     bound = temp_bound(hlo_text)
     if bound.bytes <= 0:

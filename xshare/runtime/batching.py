@@ -17,12 +17,18 @@ from typing import Any
 import numpy as np
 
 
+class InferFuture(Future):
+    """A request's future; ``model_version``, set when it is queued (``ModelHandle.submit``): the
+    version that answers (a default handle's may change)."""
+    model_version: int
+
+
 @dataclass
 class Request:
     inputs: dict[str, np.ndarray]
     rows: int
     t_arrival: float
-    future: Future = field(default_factory=Future)
+    future: InferFuture = field(default_factory=InferFuture)
     level: int = 0                # priority level: 1 goes first (Triton's); 0 when the model has none
     deadline: float | None = None  # monotonic seconds: past it, waiting, the request fails alone
     timeout_us: int | None = None
@@ -116,4 +122,4 @@ class InferStats:
                     "last_inference_ms": self._last_inference_ms}
 
 
-__all__ = ["Request", "InferStats", "insert_at", "preferred_rows", "oldest_arrival", "next_deadline"]
+__all__ = ["InferFuture", "Request", "InferStats", "insert_at", "preferred_rows", "oldest_arrival", "next_deadline"]

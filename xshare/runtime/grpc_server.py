@@ -55,8 +55,8 @@ _CONTENTS = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_cont
 def require_grpc() -> tuple[Any, Any, Any]:
     """``grpc``, ``service_pb2``, ``service_pb2_grpc``; an XShareError naming the extra if missing."""
     try:
-        import grpc
-        from tritonclient.grpc import service_pb2, service_pb2_grpc
+        import grpc  # type: ignore[import-untyped]  # grpcio ships no types (no types-grpcio among our deps)
+        from tritonclient.grpc import service_pb2, service_pb2_grpc  # type: ignore[import-untyped]  # no py.typed
     except ImportError as err:
         raise XShareError(f"serving gRPC needs grpcio and tritonclient[grpc] ({err.name or err} is missing): "
                           "pip install 'xshare[grpc]'") from None
@@ -182,7 +182,7 @@ def _servicer(rt: Any, pb2: Any, pb2_grpc: Any, grpc: Any, repo: Any = None, tok
             return resp
 
         async def ModelConfig(self, request, context):
-            from google.protobuf import json_format
+            from google.protobuf import json_format  # type: ignore[import-untyped]  # no types-protobuf among our deps
 
             from tritonclient.grpc import model_config_pb2
 

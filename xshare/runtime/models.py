@@ -28,7 +28,7 @@ import numpy as np
 
 from .._errors import XShareError
 from ..serving.spec import OIP_DATATYPES, InferError, ModelSpec
-from .batching import InferStats, Request, insert_at, next_deadline, oldest_arrival, preferred_rows
+from .batching import InferFuture, InferStats, Request, insert_at, next_deadline, oldest_arrival, preferred_rows
 from .causes import short_error
 
 log = logging.getLogger("xshare.serving")
@@ -66,7 +66,7 @@ class Deployed:
     def _compile(self) -> None:
         spec = self.spec
         wide = [k for k, (dtype, _) in spec.inputs.items() if np.dtype(dtype).itemsize == 8]
-        if wide and not jax.config.jax_enable_x64:
+        if wide and not jax.config.jax_enable_x64:  # type: ignore[attr-defined]  # jax sets its options on Config at import (setattr)
             # JAX would quietly compute them in 32 bits and answer INT32/FP32 to an INT64/FP64 request.
             k = wide[0]
             raise XShareError(f"model {spec.name!r}: input {k!r} is {spec.inputs[k][0]}, but JAX runs with 64-bit "
@@ -150,7 +150,7 @@ class Deployed:
                                   f"{spec.priority_levels}, or 0 for its default ({spec.default_priority_level})")
         return priority or spec.default_priority_level
 
-    def enqueue(self, inputs: Any, *, priority: Any = 0, timeout_us: Any = None) -> Future:
+    def enqueue(self, inputs: Any, *, priority: Any = 0, timeout_us: Any = None) -> InferFuture:
         """Queue one request; ``priority`` (its level) and ``timeout_us`` (how long it may wait
         for its batch to start, in microseconds) are Triton's schedule-policy parameters."""
         arrays, rows = self.check(inputs)

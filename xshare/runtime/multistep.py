@@ -21,7 +21,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import numpy as np
@@ -78,6 +78,7 @@ def _compile(program: CompiledStep, form: Form, device: Any) -> MultiStep:
     stacked = [jax.ShapeDtypeStruct((form.k,) + tuple(x.shape), x.dtype, sharding=sharding)
                for x in program.batch_struct]
     args: list[Any] = [program.state_struct, stacked]
+    multi: Callable[..., Any]  # its arguments: the fenced one takes the fences' ident too
     if program.fenced:
         ffi.ensure_loaded()
         step = ffi.fenced(flat, donated=True)
@@ -121,6 +122,7 @@ def _compile_group(program: CompiledStep, capacity: int, form: Form, device: Any
     mask = jax.ShapeDtypeStruct((capacity,), np.bool_, sharding=sharding)
     unroll = form.k if form.unroll else 1
     args: list[Any] = [states, (batches, mask)]
+    multi: Callable[..., Any]  # its arguments: the fenced one takes the fences' ident too
     if program.fenced:
         ffi.ensure_loaded()
         step = ffi.fenced(body, donated=True)

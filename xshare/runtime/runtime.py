@@ -450,6 +450,7 @@ def _fences_wanted(fences: bool | None, device: Any) -> bool:
 
     ok, verdict = canary.gate(device)
     if not ok and fences:
+        assert verdict is not None  # gate() gives no verdict only under XSHARE_CANARY=skip, which passes
         raise XShareError(f"fences=True but the fence canary failed on this machine: {verdict.reason}. "
                           f"Run `xshare doctor`; {canary.ENV}=skip runs them unchecked")
     return ok
@@ -513,7 +514,7 @@ def _compilation_cache(value: bool | str | os.PathLike) -> str | None:
     if value is False:
         return None
     if value is True:
-        current = jax.config.jax_compilation_cache_dir
+        current = jax.config.jax_compilation_cache_dir  # type: ignore[attr-defined]  # jax sets its options on Config at import (setattr)
         if current:
             return str(current)  # the user's own choice stands
         return enable_persistent_cache()

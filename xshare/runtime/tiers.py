@@ -102,9 +102,8 @@ class Tiers:
                                  else "one step per call")
                 return
             known = multistep.VERDICTS.get(c.key, form)
-            usable = known is None or (known.exact if self.forced else known.kept)
-            if usable:
-                break
+            if known is None or (known.exact if self.forced else known.kept):
+                break  # usable
             tier.tried.append(form)  # checked before and not kept: the next form
             tier.note = known.describe()
         if known is None and c.steps_done < WARM_STEPS:
@@ -145,6 +144,7 @@ class Tiers:
         tier.form = form
         tier.tried.append(form)
         build = c.compile
+        assert self._submit is not None  # (only an enabled Tiers starts a compile: it has a pool)
         tier.pending = self._submit(lambda: build(form))
 
     def ready(self, job: Any) -> bool:
@@ -178,6 +178,7 @@ class Tiers:
             return False
         tier.multi = multi
         verdict = verdict or multistep.VERDICTS.get(key, multi.form)
+        assert verdict is not None  # None was passed for a verdict the caller found in VERDICTS
         tier.note, tier.step_s = verdict.describe(), verdict.multi_step_s or None
         return True
 

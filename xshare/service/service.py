@@ -95,8 +95,9 @@ class Service:
         except BaseException:
             if getattr(self, "server", None) is not None:
                 self.server.stop()
-            if getattr(self, "repository", None) is not None:
-                self.repository.close()
+            repo = getattr(self, "repository", None)  # (unset if the failure came first)
+            if repo is not None:
+                repo.close()
             self.rt.close()
             raise
 

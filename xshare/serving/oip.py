@@ -103,6 +103,7 @@ def oip_routes(rt: Any, srv: Any = None) -> list[Route]:
     async def repository_index(request: Request) -> Response:
         doc = parse_json(await read_body(request), ' (send none, or {"ready": true})')
         ready_only = bool(doc.get("ready", False)) if isinstance(doc, dict) else False
+        assert repo is not None  # the route exists only with a repository
         return json_response(200, await run_in_threadpool(repo.index, ready_only))
 
     @endpoint
@@ -223,6 +224,8 @@ def parse_infer(body: bytes, header_len: str | None, meta: dict[str, Any], sched
                 raise Reply(400, f"an input must be an object with name, shape, datatype and data; got {t!r:.80}")
             name, shape, datatype = t.get("name"), t.get("shape"), t.get("datatype")
             dtype = tensors.check_header(meta, name, datatype, shape, seen)
+            # check_header accepted them: a declared input's name and datatype, a list of ints >= 0
+            assert isinstance(name, str) and isinstance(datatype, str) and isinstance(shape, list)
             params = t.get("parameters") or {}
             size = params.get("binary_data_size") if isinstance(params, dict) else None
             if size is not None:

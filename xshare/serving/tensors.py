@@ -42,7 +42,7 @@ def check_header(meta: dict[str, Any], name: Any, datatype: Any, shape: Any, see
     """One input's name, datatype and shape against the model's metadata; its numpy dtype.
     ``InferError(400)`` names what is wrong and what the model takes."""
     declared = {i["name"]: i for i in meta["inputs"]}
-    if name not in declared:
+    if not isinstance(name, str) or name not in declared:  # (a JSON list or object is no name: unhashable)
         raise InferError(400, f"unknown input {name!r}; model {meta['name']!r} takes {sorted(declared)}")
     if name in seen:
         raise InferError(400, f"input {name!r} is given twice")
@@ -98,16 +98,18 @@ def from_values(name: str, datatype: str, dtype: np.dtype, shape: list[int], val
         if flat.dtype == object:
             if any(isinstance(v, (float, np.floating)) and not float(v).is_integer() for v in flat):
                 raise InferError(400, f"input {name!r}: {datatype} takes whole numbers; its data hold fractions")
-            flat = [int(v) for v in flat]
-            low, high = min(flat), max(flat)
+            ints = [int(v) for v in flat]
+            low, high = min(ints), max(ints)
+            exact: np.ndarray | list[int] = ints
         else:
             if flat.dtype.kind == "f" and not np.array_equal(flat, np.trunc(flat)):
                 raise InferError(400, f"input {name!r}: {datatype} takes whole numbers; its data hold fractions")
             low, high = flat.min(), flat.max()
+            exact = flat
         info = np.iinfo(dtype)
         if low < info.min or high > info.max:
             raise InferError(400, f"input {name!r}: a value is outside {datatype}'s range {info.min}..{info.max}")
-        arr = np.array(flat, dtype=dtype)
+        arr = np.array(exact, dtype=dtype)
     elif flat.dtype == object:
         arr = np.array([bool(v) if dtype.kind == "b" else float(v) for v in flat], dtype=dtype)
     else:
