@@ -144,7 +144,8 @@ class MultiCalls:
         known = multistep.VERDICTS.get(job.program.key, multi.form)
         if known is not None:
             keep = known.exact if self.tiers.forced else known.kept
-            self.tiers.settle(job.tier, job.program.key, multi, None, self._make_room(job, multi) if keep else False)
+            self.tiers.settle(job.tier, job.program.key, multi, None if keep else known,
+                              self._make_room(job, multi) if keep else False)
             return False
         k = multi.k
         if ksteps.steps_per_call(self._bounds(job), (1, k)) < k or self._ready_batches(job, k) < k:

@@ -171,7 +171,8 @@ class GroupCalls:
         known = multistep.VERDICTS.get(key, multi.form)
         if known is not None:
             keep = known.exact if self.tiers.forced else known.kept
-            self.tiers.settle(group.tier, key, multi, None, self._group_room(group, multi) if keep else False)
+            self.tiers.settle(group.tier, key, multi, None if keep else known,
+                              self._group_room(group, multi) if keep else False)
             return False
         k = multi.k
         if self._group_steps_this_call(group, (1, k)) < k:
