@@ -6,7 +6,7 @@ permission) turns that job's logging off with one warning and fails nothing: tra
 and the previous checkpoint stays valid (checkpoints are written atomically).
 
 Each job's files live in ``{log_dir}/{job_dir(name)}/``: ``metrics.jsonl``, ``log.txt`` and
-(under ``checkpoint_dir``) ``checkpoint.msgpack``.
+(under ``checkpoint_dir``) ``checkpoint/``, the job's Orbax checkpoints (``checkpoint.py``).
 """
 
 from __future__ import annotations
@@ -43,8 +43,14 @@ def check_name(name: Any) -> str:
 
 class Recorder:
     def __init__(self, *, log_dir: Path | None, checkpoint_dir: Path | None, t0: float,
-                 tick: Callable[[], None] | None = None, tick_s: float = 0.2):
+                 tick: Callable[[], None] | None = None, tick_s: float = 0.2,
+                 checkpoint_keep: int = checkpoint.KEEP):
         self.log_dir, self.checkpoint_dir, self.t0 = log_dir, checkpoint_dir, t0
+        self._managers = checkpoint.Managers(checkpoint_keep)
+        # The newest step each job posted a checkpoint for. An Orbax save costs tens of ms of
+        # this thread: a job that checkpoints faster than that has its older queued checkpoints
+        # skipped (the newest is always written), so the queue never piles up host copies.
+        self._newest_checkpoint: dict[int, int] = {}
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._files: dict[int, Any] = {}
         self._broken: set[int] = set()
@@ -54,6 +60,10 @@ class Recorder:
         self._tick, self._tick_s = tick, tick_s
         self._thread = threading.Thread(target=self._run, name="xshare-recorder", daemon=True)
         self._thread.start()
+        if checkpoint_dir is not None:
+            # Orbax's first import (~0.5 s) here, beside the first compiles, not at a job's first
+            # checkpoint, where it would delay that checkpoint by as much.
+            self._queue.put((checkpoint.warm, ()))
 
     # ------------------------------------------------------------------ posting (any thread)
     def open(self, job: Any, *, resume_from: int | None = None) -> None:
@@ -69,12 +79,15 @@ class Recorder:
         packed vector; the names come from the job's program)."""
         self._queue.put((self._metrics_rows, (rows,)))
 
-    def checkpoint(self, job: Any, step: int, state: Any, metrics: dict | None, *, done: bool) -> None:
-        """Write ``state`` (already on the host) as the job's checkpoint after ``step`` steps."""
-        self._queue.put((self._checkpoint, (job, step, state, metrics, done)))
+    def checkpoint(self, job: Any, step: int, state: Any, metrics: dict | None, *, done: bool,
+                   data_state: Any = None) -> None:
+        """Write ``state`` (already on the host) as the job's checkpoint after ``step`` steps,
+        with its data iterator's state at that step (None: a resume replays its data)."""
+        self._newest_checkpoint[job.id] = step
+        self._queue.put((self._checkpoint, (job, step, state, metrics, done, data_state)))
 
     def close_job(self, job: Any) -> None:
-        if self.log_dir is not None:
+        if self.log_dir is not None or self.checkpoint_dir is not None:
             self._queue.put((self._close_job, (job,)))
 
     def flush(self, timeout: float | None = 30.0) -> bool:
@@ -82,6 +95,7 @@ class Recorder:
         the thread wrote everything posted before it stopped (``wait()`` after ``stop()``, as
         a ``with Runtime()`` block that calls ``stop`` does on exit, used to wait the full 30 s)."""
         done = threading.Event()
+        self._queue.put((self._managers.wait, ()))  # Orbax's asynchronous saves too
         self._queue.put((done.set, ()))
         deadline = None if timeout is None else time.monotonic() + timeout
         while not done.wait(0.05):
@@ -106,6 +120,10 @@ class Recorder:
                 for f in self._files.values():
                     _quiet_close(f)
                 self._files.clear()
+                try:
+                    self._managers.close()  # waits for the checkpoints still being written
+                except Exception as err:  # noqa: BLE001
+                    log.warning("xshare recorder: finishing checkpoints failed: %s", err)
                 return
             if item:
                 fn, args = item
@@ -200,7 +218,10 @@ class Recorder:
             except (OSError, ValueError) as err:
                 self._broke(job, "writing metrics.jsonl", err)
 
-    def _checkpoint(self, job: Any, step: int, state: Any, metrics: dict | None, done: bool) -> None:
+    def _checkpoint(self, job: Any, step: int, state: Any, metrics: dict | None, done: bool,
+                    data_state: Any) -> None:
+        if not done and self._newest_checkpoint.get(job.id, step) > step:
+            return  # a newer checkpoint of this job is queued behind this one
         f = self._files.get(job.id)
         if f is not None:
             try:
@@ -209,12 +230,21 @@ class Recorder:
                 self._broke(job, "writing metrics.jsonl", err)
         try:
             checkpoint.save(checkpoint.path_for(self.checkpoint_dir, job_dir(job.name)), step=step,
-                            state=state, metrics=metrics, done=done)
+                            state=state, metrics=metrics, done=done, data_state=data_state,
+                            managers=self._managers)
         except Exception as err:  # noqa: BLE001 - the previous checkpoint stays valid
             log.warning("job %r: checkpoint at step %d failed: %s", job.name, step, err)
             self._line(job, f"checkpoint at step {step} failed: {short_error(err)}")
 
     def _close_job(self, job: Any) -> None:
+        self._newest_checkpoint.pop(job.id, None)
+        if self.checkpoint_dir is not None:
+            try:
+                self._managers.close(checkpoint.path_for(self.checkpoint_dir, job_dir(job.name)))
+            except Exception as err:  # noqa: BLE001 - the previous checkpoint stays valid
+                log.warning("job %r: finishing its last checkpoint failed: %s", job.name, err)
+        if self.log_dir is None:
+            return
         f = self._files.pop(job.id, None)
         if f is None and job.id not in self._broken:
             self._closed_early.add(job.id)

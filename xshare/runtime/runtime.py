@@ -77,8 +77,10 @@ class Runtime(Preparation, Deployments, Controls):
         (loopback unless you ask otherwise).
       slots: how many jobs ``srtf`` runs at once (the shortest, taking turns).
       max_lanes: at most this many lanes (None: as many as memory allows); jobs then share lanes.
-      checkpoint_dir: where each job's ``{name}/checkpoint.msgpack`` goes (default: ``log_dir``).
+      checkpoint_dir: where each job's Orbax checkpoints ``{name}/checkpoint/{step}/`` go
+        (default: ``log_dir``); a plain ``ocp.CheckpointManager`` reads them.
       checkpoint_every: save every N steps (and when a job finishes, and on ``stop()``).
+      checkpoint_keep: the newest checkpoints kept per job (Orbax's ``max_to_keep``; default 3).
       resume: continue each submitted job from its checkpoint in ``checkpoint_dir`` if there is
         one (a finished job comes back done at once, with its saved final state).
       compile_workers: threads that trace and compile jobs (cache misses only).
@@ -100,7 +102,8 @@ class Runtime(Preparation, Deployments, Controls):
                  status_port: int | None = None, status_host: str = "127.0.0.1",
                  checkpoint_dir: str | os.PathLike | None = None, checkpoint_every: int | None = None,
                  resume: bool = False, max_lanes: int | None = None, slots: int = 1,
-                 compile_workers: int = 1, fuse: bool = False, group_capacity: int | None = None):
+                 compile_workers: int = 1, fuse: bool = False, group_capacity: int | None = None,
+                 checkpoint_keep: int = 3):
         self.policy = sched.get_policy(policy)
         group_ahead = dispatch_ahead
         if dispatch_ahead is None:
@@ -116,6 +119,8 @@ class Runtime(Preparation, Deployments, Controls):
         if group_capacity is not None and (not isinstance(group_capacity, int) or isinstance(group_capacity, bool)
                                            or group_capacity < 1):
             raise ValueError(f"group_capacity={group_capacity!r} must be an int >= 1 (slots per fused group), or None")
+        if not isinstance(checkpoint_keep, int) or isinstance(checkpoint_keep, bool) or checkpoint_keep < 1:
+            raise ValueError(f"checkpoint_keep={checkpoint_keep!r} must be an int >= 1 (checkpoints kept per job)")
         if checkpoint_every is not None and (not isinstance(checkpoint_every, int) or checkpoint_every < 1):
             raise ValueError(f"checkpoint_every={checkpoint_every!r} must be an int >= 1 (steps), or None")
         ckpt = checkpoint_dir if checkpoint_dir is not None else log_dir
@@ -153,7 +158,8 @@ class Runtime(Preparation, Deployments, Controls):
         self.fuse = bool(fuse)
         self.group_capacity = group_capacity if self.fuse else None  # (the compile pool's copy)
         self.recorder = Recorder(log_dir=self.log_dir, checkpoint_dir=self.checkpoint_dir, t0=self.t0,
-                                 tick=self.timeline_.drain if self._ring is not None else None)
+                                 tick=self.timeline_.drain if self._ring is not None else None,
+                                 checkpoint_keep=checkpoint_keep)
         self._dispatcher: Dispatcher | None = None
         self.feeder = LazyFeeder(lambda: self.device, lambda: self._dispatcher.poke)
         self._dispatcher = Dispatcher(
