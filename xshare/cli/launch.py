@@ -210,9 +210,10 @@ def _run(plan: Any, jobs: list[Any], run_dir: Path, out: Any, args: argparse.Nam
     try:
         # checkpoint_dir given: every job checkpoints when it ends and on stop(), so
         # --checkpoint-every 0 ("only on exit") still leaves something to resume from.
+        from xshare.runtime import writers  # TensorBoard event files when the extra is there
         rt = xshare.Runtime(
             **rt_opts.as_kwargs(), log_dir=str(run_dir), checkpoint_dir=str(run_dir),
-            checkpoint_every=args.checkpoint_every or None, resume=resume,
+            checkpoint_every=args.checkpoint_every or None, resume=resume, writers=writers.defaults(),
             status_port=None if args.status_port < 0 else args.status_port)
     except (ValueError, XShareError) as err:
         return _usage_error(f"cannot start the runtime: {err}")

@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 from . import checkpoint
 from .causes import short_error
+from .writers import row_values
 
 log = logging.getLogger("xshare.runtime")
 
@@ -44,8 +45,11 @@ def check_name(name: Any) -> str:
 class Recorder:
     def __init__(self, *, log_dir: Path | None, checkpoint_dir: Path | None, t0: float,
                  tick: Callable[[], None] | None = None, tick_s: float = 0.2,
-                 checkpoint_keep: int = checkpoint.KEEP):
+                 checkpoint_keep: int = checkpoint.KEEP, writers: list | None = None):
         self.log_dir, self.checkpoint_dir, self.t0 = log_dir, checkpoint_dir, t0
+        # Factories (job directory -> writers.Writer), and each open job's writers.
+        self._factories = list(writers or ())
+        self._writers: dict[int, list] = {}
         self._managers = checkpoint.Managers(checkpoint_keep)
         # The newest step each job posted a checkpoint for. An Orbax save costs tens of ms of
         # this thread: a job that checkpoints faster than that has its older queued checkpoints
@@ -120,6 +124,10 @@ class Recorder:
                 for f in self._files.values():
                     _quiet_close(f)
                 self._files.clear()
+                for job_writers in self._writers.values():
+                    for w in job_writers:
+                        _quiet_close(w)
+                self._writers.clear()
                 try:
                     self._managers.close()  # waits for the checkpoints still being written
                 except Exception as err:  # noqa: BLE001
@@ -177,6 +185,32 @@ class Recorder:
             self._files[job.id] = open(path, "a", buffering=1 << 16)
         except OSError as err:
             self._broke(job, "opening its log directory", err)
+            return
+        self._open_writers(job, d, resume_from)
+
+    def _open_writers(self, job: Any, d: Path, resume_from: int | None) -> None:
+        params = dict((getattr(job.spec, "meta", None) or {}).get("params") or {})
+        opened = []
+        for factory in self._factories:
+            try:
+                w = factory(d)
+                w.open(job.name, params, first_step=resume_from or 0)
+                opened.append(w)
+            except Exception as err:  # noqa: BLE001 - a tracker never fails training
+                log.warning("job %r: writer %s failed to open (%s); its metrics go to metrics.jsonl only",
+                            job.name, getattr(factory, "__name__", factory), short_error(err))
+        if opened:
+            self._writers[job.id] = opened
+
+    def _call_writers(self, job: Any, method: str, *args: Any) -> None:
+        for w in list(self._writers.get(job.id, ())):
+            try:
+                getattr(w, method)(*args)
+            except Exception as err:  # noqa: BLE001 - a tracker never fails training
+                log.warning("job %r: writer %s failed (%s); it is off for this job", job.name,
+                            type(w).__name__, short_error(err))
+                self._writers[job.id].remove(w)
+                _quiet_close(w)
 
     def _line(self, job: Any, text: str) -> None:
         if job.id in self._broken:
@@ -206,11 +240,15 @@ class Recorder:
                 f.write(json.dumps(row) + "\n")
             except (OSError, ValueError) as err:
                 self._broke(job, "writing metrics.jsonl", err)
+            if job.id in self._writers:
+                self._call_writers(job, "scalars", step, row_values(row))
         # Rows reach the file a batch at a time (the dispatcher hands over up to 256 rows, or
         # fewer when it idles), not when a 64 KiB buffer fills: readers of the run directory
         # (`xshare tune --ray` reports and prunes from these files) see a running job's rows
         # within a batch. One flush per file per batch, not per row.
         for job, f in touched.values():
+            if job.id in self._writers:
+                self._call_writers(job, "flush")
             if job.id in self._broken or f.closed:
                 continue
             try:
@@ -238,6 +276,8 @@ class Recorder:
 
     def _close_job(self, job: Any) -> None:
         self._newest_checkpoint.pop(job.id, None)
+        for w in self._writers.pop(job.id, ()):
+            _quiet_close(w)
         if self.checkpoint_dir is not None:
             try:
                 self._managers.close(checkpoint.path_for(self.checkpoint_dir, job_dir(job.name)))
@@ -255,5 +295,5 @@ def _quiet_close(f: Any) -> None:
     if f is not None:
         try:
             f.close()
-        except OSError:
-            pass
+        except Exception as err:  # noqa: BLE001 - a file or a writer; closing never raises
+            log.debug("xshare recorder: close failed: %s", err)

@@ -250,7 +250,10 @@ class _Driver(_Teller):
             every = max(1, (spec.steps or 200) // 20)  # a train metric: 20 reports a trial
         r = _Running(trial, self.metric, every, budget=spec.steps)
         r.decided.set()
-        return r, spec.replace(name=f"trial-{trial.number}", on_metrics=self.hook(r))
+        # the trial's parameters, with the job's own (a spec's fixed params), as its HParams
+        params = {**dict(spec.meta.get("params") or {}), **trial.params}
+        return r, spec.replace(name=f"trial-{trial.number}", on_metrics=self.hook(r),
+                               meta={**spec.meta, "params": params})
 
     def _job(self, trial: optuna.Trial) -> Any:
         spec = self.objective(trial)
