@@ -55,6 +55,8 @@ class Recorder:
         # this thread: a job that checkpoints faster than that has its older queued checkpoints
         # skipped (the newest is always written), so the queue never piles up host copies.
         self._newest_checkpoint: dict[int, int] = {}
+        self._pending: dict[int, int] = {}  # job id -> its checkpoints posted, not yet written
+        self._pending_lock = threading.Lock()
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._files: dict[int, Any] = {}
         self._broken: set[int] = set()
@@ -88,7 +90,16 @@ class Recorder:
         """Write ``state`` (already on the host) as the job's checkpoint after ``step`` steps,
         with its data iterator's state at that step (None: a resume replays its data)."""
         self._newest_checkpoint[job.id] = step
+        with self._pending_lock:
+            self._pending[job.id] = self._pending.get(job.id, 0) + 1
         self._queue.put((self._checkpoint, (job, step, state, metrics, done, data_state)))
+
+    def saving(self, job: Any) -> bool:
+        """A checkpoint of ``job`` is queued or being written. The dispatcher skips a periodic
+        checkpoint then (and the pipeline drain and device-to-host copy it would cost): an
+        Orbax save takes tens of ms, and a job that steps faster than that would otherwise
+        queue host copies of its state faster than they are written."""
+        return self._pending.get(job.id, 0) > 0
 
     def close_job(self, job: Any) -> None:
         if self.log_dir is not None or self.checkpoint_dir is not None:
@@ -258,6 +269,18 @@ class Recorder:
 
     def _checkpoint(self, job: Any, step: int, state: Any, metrics: dict | None, done: bool,
                     data_state: Any) -> None:
+        try:
+            self._write_checkpoint(job, step, state, metrics, done, data_state)
+        finally:
+            with self._pending_lock:
+                left = self._pending.get(job.id, 1) - 1
+                if left > 0:
+                    self._pending[job.id] = left
+                else:
+                    self._pending.pop(job.id, None)
+
+    def _write_checkpoint(self, job: Any, step: int, state: Any, metrics: dict | None, done: bool,
+                          data_state: Any) -> None:
         if not done and self._newest_checkpoint.get(job.id, step) > step:
             return  # a newer checkpoint of this job is queued behind this one
         f = self._files.get(job.id)
