@@ -84,9 +84,12 @@ def test_plain_orbax_restores_the_exact_state_at_each_kept_step(tmp_path):
         assert int(got["n"]) == int(got["step"])
 
 
-def test_checkpoint_keep_is_checked():
+def test_checkpoint_keep_is_checked(capsys):
     with pytest.raises(ValueError, match="checkpoint_keep=0 must be an int >= 1"):
         xshare.Runtime(memory="64MiB", checkpoint_keep=0)
+    from xshare.cli.main import main
+    assert main(["launch", "--checkpoint-keep", "0"]) == 2
+    assert "--checkpoint-keep 0 must be >= 1" in capsys.readouterr().err
 
 
 def _assert_equal(a, b):

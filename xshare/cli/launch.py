@@ -63,6 +63,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="checkpoint each job every N steps, at its end and on Ctrl-C/SIGTERM (default 100; 0 = only on exit)",
     )
     parser.add_argument(
+        "--checkpoint-keep", type=int, default=3, metavar="K",
+        help="keep each job's newest K checkpoints (Orbax's max_to_keep; default 3)",
+    )
+    parser.add_argument(
         "--status-port", type=int, default=0, metavar="PORT",
         help="serve /status and /metrics on 127.0.0.1:PORT for xshare top (default 0 = any free port; -1 = off)",
     )
@@ -95,6 +99,8 @@ def _launch(args: argparse.Namespace) -> int:
     _cwd_on_path()
     if args.checkpoint_every is not None and args.checkpoint_every < 0:
         return _usage_error(f"--checkpoint-every {args.checkpoint_every} must be >= 0")
+    if getattr(args, "checkpoint_keep", 3) < 1:
+        return _usage_error(f"--checkpoint-keep {args.checkpoint_keep} must be >= 1")
     problem = _check_ports(args.status_port)
     if problem:
         return _usage_error(problem)
@@ -214,6 +220,7 @@ def _run(plan: Any, jobs: list[Any], run_dir: Path, out: Any, args: argparse.Nam
         rt = xshare.Runtime(
             **rt_opts.as_kwargs(), log_dir=str(run_dir), checkpoint_dir=str(run_dir),
             checkpoint_every=args.checkpoint_every or None, resume=resume, writers=writers.defaults(),
+            checkpoint_keep=getattr(args, "checkpoint_keep", 3),
             status_port=None if args.status_port < 0 else args.status_port)
     except (ValueError, XShareError) as err:
         return _usage_error(f"cannot start the runtime: {err}")

@@ -28,6 +28,11 @@ log = logging.getLogger("xshare.runtime")
 
 _SAFE = "-_.=,+@"
 
+# At most this share of the recorder's time goes to periodic checkpoints (after a save of t
+# seconds, the next periodic one waits t * (1 / CHECKPOINT_DUTY - 1)); a job's final
+# checkpoint and those of stop() are always written. benchmarks/RESULTS.md "Checkpoint cost".
+CHECKPOINT_DUTY = 0.25
+
 
 def job_dir(name: str) -> str:
     """The directory name of a job: its name with every other character percent-encoded, so
@@ -57,6 +62,7 @@ class Recorder:
         self._newest_checkpoint: dict[int, int] = {}
         self._pending: dict[int, int] = {}  # job id -> its checkpoints posted, not yet written
         self._pending_lock = threading.Lock()
+        self._save_gate = 0.0  # (monotonic s) periodic checkpoints wait until then
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._files: dict[int, Any] = {}
         self._broken: set[int] = set()
@@ -95,11 +101,12 @@ class Recorder:
         self._queue.put((self._checkpoint, (job, step, state, metrics, done, data_state)))
 
     def saving(self, job: Any) -> bool:
-        """A checkpoint of ``job`` is queued or being written. The dispatcher skips a periodic
-        checkpoint then (and the pipeline drain and device-to-host copy it would cost): an
-        Orbax save takes tens of ms, and a job that steps faster than that would otherwise
-        queue host copies of its state faster than they are written."""
-        return self._pending.get(job.id, 0) > 0
+        """The dispatcher skips a periodic checkpoint of ``job`` now (and the pipeline drain
+        and device-to-host copy it would cost): one of its checkpoints is still queued or being
+        written, or the recorder has spent more than ``CHECKPOINT_DUTY`` of its time saving.
+        An Orbax save costs tens of ms of Python (the GIL the dispatcher needs): checkpoints
+        asked for faster than that would slow every job's steps, not only the one saving."""
+        return self._pending.get(job.id, 0) > 0 or time.monotonic() < self._save_gate
 
     def close_job(self, job: Any) -> None:
         if self.log_dir is not None or self.checkpoint_dir is not None:
@@ -269,9 +276,12 @@ class Recorder:
 
     def _checkpoint(self, job: Any, step: int, state: Any, metrics: dict | None, done: bool,
                     data_state: Any) -> None:
+        t0 = time.monotonic()
         try:
             self._write_checkpoint(job, step, state, metrics, done, data_state)
         finally:
+            t1 = time.monotonic()
+            self._save_gate = t1 + (t1 - t0) * (1 / CHECKPOINT_DUTY - 1)
             with self._pending_lock:
                 left = self._pending.get(job.id, 1) - 1
                 if left > 0:
