@@ -151,3 +151,22 @@ def test_a_torn_step_is_refused_with_what_to_delete(tmp_path):
     (path / "10" / "meta" / "metadata").write_text("{not json")
     with pytest.raises(xshare.XShareError, match="delete .*10 to resume from the step before it"):
         checkpoint.load(path, spec.state, job="torn")
+
+
+def test_a_runtime_that_does_not_checkpoint_never_imports_orbax(tmp_path):
+    # Orbax's first import costs about half a second (more on a busy machine): only runtimes
+    # that checkpoint pay it. (A fresh interpreter: this one imported Orbax long ago.)
+    code = textwrap.dedent(f"""
+        import sys, numpy as np, jax.numpy as jnp
+        import xshare
+
+        @xshare.job
+        def step(w, batch):
+            return w * 0.5, {{"loss": jnp.sum(w)}}
+
+        with xshare.Runtime(memory="64MiB", log_dir={str(tmp_path)!r}) as rt:
+            rt.submit(step.bind(jnp.ones(3), lambda k: np.ones(1, np.float32), steps=5)).result()
+        assert not [m for m in sys.modules if m.startswith("orbax")], "orbax was imported"
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
