@@ -13,8 +13,7 @@ subdirectory per checkpoint, the newest ``keep`` kept. A step holds two Orbax it
 
 Orbax writes a step into a temporary directory and renames it when complete, so a process
 killed at any instant leaves the previous steps and never a torn one. Saving runs on the
-recorder thread from host copies; Orbax's asynchronous save lets that thread go back to the
-metrics rows while the arrays are written. A checkpoint of the previous format
+recorder thread from host copies, synchronously there (see ``_manager``). A checkpoint of the previous format
 (``checkpoint.msgpack``, ``checkpoint_msgpack``) is still read when no Orbax step exists.
 
 Orbax is imported on the first save or load (about 0.1 s after jax and flax), never by a
@@ -53,6 +52,11 @@ def path_for(directory: Path, job_dir: str) -> Path:
 
 def _ocp() -> Any:
     import orbax.checkpoint as ocp  # a dependency of flax; slow to import, so only here
+    absl = logging.getLogger("absl")
+    if absl.level == logging.NOTSET:
+        # Orbax logs a dozen INFO lines per save through absl: a long-running `xshare serve`
+        # would log little else. Its warnings and errors still show.
+        absl.setLevel(logging.WARNING)
     return ocp
 
 
@@ -70,10 +74,12 @@ def steps(path: Path) -> list[int]:
         return []
 
 
-def _manager(path: Path, keep: int, *, read_only: bool = False) -> Any:
+def _manager(path: Path, keep: int) -> Any:
     ocp = _ocp()
-    options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=not read_only, read_only=read_only,
-                                           enable_async_checkpointing=not read_only)
+    # Synchronous saves: the recorder thread already keeps them off the dispatcher, an
+    # asynchronous save measured no faster per save here, and its background commit threads
+    # stalled for tens of seconds under `xshare serve` with several jobs saving at once.
+    options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, enable_async_checkpointing=False)
     return ocp.CheckpointManager(Path(path).absolute(), options=options)
 
 
@@ -173,30 +179,26 @@ def load(path: Path, like: Any, *, job: str) -> Checkpoint | None:
         return None
     ocp = _ocp()
     step = found[-1]
+    # The step's items read directly, not through a CheckpointManager: a manager lists the
+    # directory first, and a step its writer deletes meanwhile (keep) would fail the read.
     where = f"checkpoint {path / str(step)}"
     try:
-        mngr = _manager(path, KEEP, read_only=True)
+        with ocp.Checkpointer(ocp.JsonCheckpointHandler()) as reader:
+            meta = reader.restore(path / str(step) / "meta")
     except Exception as err:
-        raise XShareError(f"job {job!r}: {where} is unreadable ({err}); delete {path} to restart "
-                          "the job from scratch") from err
+        raise XShareError(f"job {job!r}: {where} is unreadable ({err}); delete {path / str(step)} "
+                          "to resume from the step before it") from err
+    kinds = meta.get("kinds")
+    if kinds is not None and len(kinds) == len(jax.tree.leaves(like)):
+        like = promoted(like, frozenset(i for i, k in enumerate(kinds) if k == "a"))
+    ref_arrays, layout = layout_of(like)
+    _check(meta, ref_arrays, layout, job=job, where=where)
+    target = _orbax_tree(layout.merge([np.asarray(a) for a in ref_arrays]))
     try:
-        try:
-            meta = mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
-        except Exception as err:
-            raise XShareError(f"job {job!r}: {where} is unreadable ({err}); delete {path / str(step)} "
-                              "to resume from the step before it") from err
-        kinds = meta.get("kinds")
-        if kinds is not None and len(kinds) == len(jax.tree.leaves(like)):
-            like = promoted(like, frozenset(i for i, k in enumerate(kinds) if k == "a"))
-        ref_arrays, layout = layout_of(like)
-        _check(meta, ref_arrays, layout, job=job, where=where)
-        target = _orbax_tree(layout.merge([np.asarray(a) for a in ref_arrays]))
-        try:
-            restored = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target))).state
-        except Exception as err:
-            raise XShareError(f"job {job!r}: {where} could not be restored ({err})") from err
-    finally:
-        mngr.close()
+        with ocp.StandardCheckpointer() as reader:
+            restored = reader.restore(path / str(step) / "state", target)
+    except Exception as err:
+        raise XShareError(f"job {job!r}: {where} could not be restored ({err})") from err
     carried = [x for x, kind in zip(layout.treedef.flatten_up_to(restored), layout.kinds)
                if kind is None or kind[0] != "static"]
     arrays = [np.asarray(ref) if np.size(ref) == 0  # (not stored: see _orbax_tree)

@@ -117,7 +117,7 @@ class Recorder:
         the thread wrote everything posted before it stopped (``wait()`` after ``stop()``, as
         a ``with Runtime()`` block that calls ``stop`` does on exit, used to wait the full 30 s)."""
         done = threading.Event()
-        self._queue.put((self._managers.wait, ()))  # Orbax's asynchronous saves too
+        self._queue.put((self._managers.wait, ()))  # (a no-op while Orbax saves synchronously)
         self._queue.put((done.set, ()))
         deadline = None if timeout is None else time.monotonic() + timeout
         while not done.wait(0.05):
