@@ -131,7 +131,7 @@ def test_the_writer_protocol_takes_another_tracker_and_a_failing_one_fails_nothi
 
 
 def test_bad_writers_are_refused_with_the_fix(tmp_path, monkeypatch):
-    with pytest.raises(ValueError, match=r"unknown writer 'wandb'; use one of \['tensorboard'\]"):
+    with pytest.raises(ValueError, match=r"unknown writer 'wandb'; use one of \['mlflow', 'tensorboard'\]"):
         xshare.Runtime(memory="64MiB", log_dir=tmp_path, writers=["wandb"])
     with pytest.raises(ValueError, match=r"need a log_dir"):
         xshare.Runtime(memory="64MiB", writers=["tensorboard"])

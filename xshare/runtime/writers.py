@@ -100,7 +100,13 @@ def _hparam(value: Any) -> Any:
     return str(value)
 
 
-WRITERS: dict[str, Factory] = {"tensorboard": TensorBoardWriter}
+def _mlflow(directory: Path) -> Writer:
+    from .mlflow_writer import MLflowWriter  # (mlflow is imported when the job opens it)
+    return MLflowWriter(directory)
+
+
+WRITERS: dict[str, Factory] = {"tensorboard": TensorBoardWriter, "mlflow": _mlflow}
+_MODULES = {"tensorboard": ("tensorboardX", "tensorboard"), "mlflow": ("mlflow", "mlflow")}
 
 
 def resolve(writers: Sequence[str | Factory] | None) -> list[Factory]:
@@ -111,8 +117,9 @@ def resolve(writers: Sequence[str | Factory] | None) -> list[Factory]:
             if w not in WRITERS:
                 raise ValueError(f"writers: unknown writer {w!r}; use one of {sorted(WRITERS)} or a "
                                  "callable (job directory -> Writer)")
-            if w == "tensorboard" and importlib.util.find_spec("tensorboardX") is None:
-                raise ValueError("writers: 'tensorboard' needs tensorboardX: pip install 'xshare[tensorboard]'")
+            module, extra = _MODULES[w]
+            if importlib.util.find_spec(module) is None:
+                raise ValueError(f"writers: {w!r} needs {module}: pip install 'xshare[{extra}]'")
             out.append(WRITERS[w])
         elif callable(w):
             out.append(w)
