@@ -170,3 +170,14 @@ def test_a_runtime_that_does_not_checkpoint_never_imports_orbax(tmp_path):
     """)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_a_job_run_again_without_resume_replaces_the_steps_of_its_previous_run(tmp_path):
+    first = linreg_step.bind(linreg_state(seed=1), linreg_data(seed=1), steps=20, name="again")
+    second = linreg_step.bind(linreg_state(seed=2), linreg_data(seed=2), steps=20, name="again")
+    for spec in (first, second):
+        with xshare.Runtime(memory="64MiB", log_dir=tmp_path, checkpoint_every=5) as rt:
+            rt.submit(spec)
+    saved = checkpoint.load(tmp_path / "again" / checkpoint.FILENAME, second.state, job="again")
+    assert saved.done and saved.step == 20
+    assert_trees_equal(saved.state, plain_loop(second)[0])  # not the first run's step 20

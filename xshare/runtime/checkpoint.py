@@ -118,8 +118,8 @@ class Managers:
 
 def save(path: Path, *, step: int, state: Any, metrics: dict[str, float] | None, done: bool,
          data_state: Any = None, managers: Managers | None = None) -> None:
-    """Checkpoint ``state`` (on the host) after ``step`` steps into the Orbax directory ``path``.
-    With ``managers`` the save may still be writing when this returns (``managers.wait()``)."""
+    """Checkpoint ``state`` (on the host) after ``step`` steps into the Orbax directory ``path``
+    (``managers``: the recorder's open managers; None: open one for this save and close it)."""
     ocp = _ocp()
     arrays, layout = layout_of(state)
     meta = {
