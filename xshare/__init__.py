@@ -27,6 +27,8 @@ _LAZY: dict[str, str] = {
     "run": "xshare.runtime.runtime",
     "Progress": "xshare.runtime.records", "StepRecord": "xshare.runtime.records",
     "POLICIES": "xshare.sched",
+    # metric writers (TensorBoard; the protocol other trackers implement)
+    "Writer": "xshare.runtime.writers", "TensorBoardWriter": "xshare.runtime.writers",
     # serving (xshare.serving.spec is pure Python; ModelHandle's module imports jax)
     "model": "xshare.serving.spec", "ModelSpec": "xshare.serving.spec", "InferError": "xshare.serving.spec",
     "ModelHandle": "xshare.runtime.hub",
@@ -45,6 +47,8 @@ __all__ = [
     "nnx",
     # runtime
     "Runtime", "JobHandle", "Progress", "StepRecord", "run", "POLICIES",
+    # metric writers
+    "Writer", "TensorBoardWriter",
     # serving
     "model", "ModelSpec", "ModelHandle", "InferError",
     # memory
@@ -90,3 +94,5 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; never executed
     from .serving.spec import ModelSpec as ModelSpec
     from .serving.spec import model as model
     from .sched import POLICIES as POLICIES
+    from .runtime.writers import TensorBoardWriter as TensorBoardWriter
+    from .runtime.writers import Writer as Writer

@@ -39,7 +39,8 @@ def _launch(*args, cwd):
 def _wait_for_checkpoints(run: Path, proc, timeout=120.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if len(list(run.glob("*/" + checkpoint.FILENAME))) == 2:
+        # (an Orbax step directory is named {step} once it is complete)
+        if sum(bool(checkpoint.steps(d)) for d in run.glob("*/" + checkpoint.FILENAME)) == 2:
             return
         assert proc.poll() is None, proc.stdout.read()
         time.sleep(0.02)

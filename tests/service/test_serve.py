@@ -30,8 +30,16 @@ params = { width = 16, batch = 8, seed = 7 }
 """
 
 
-def final_state(run_dir, name, like):
-    saved = checkpoint.load(checkpoint.path_for(run_dir, name), like, job=name)
+def final_state(run_dir, name, like, timeout=30.0):
+    # A job is "done" in /status when its last step retired; its final checkpoint is written
+    # by the service's recorder thread after that (an Orbax save: tens of ms, behind the saves
+    # queued before it), so a client that reads it at once may find the one before.
+    deadline = time.monotonic() + timeout
+    while True:
+        saved = checkpoint.load(checkpoint.path_for(run_dir, name), like, job=name)
+        if (saved is not None and saved.done) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     assert saved is not None and saved.done, f"{name}: no final checkpoint"
     return saved
 

@@ -63,6 +63,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="checkpoint each job every N steps, at its end and on Ctrl-C/SIGTERM (default 100; 0 = only on exit)",
     )
     parser.add_argument(
+        "--checkpoint-keep", type=int, default=3, metavar="K",
+        help="keep each job's newest K checkpoints (Orbax's max_to_keep; default 3)",
+    )
+    parser.add_argument(
         "--status-port", type=int, default=0, metavar="PORT",
         help="serve /status and /metrics on 127.0.0.1:PORT for xshare top (default 0 = any free port; -1 = off)",
     )
@@ -95,6 +99,8 @@ def _launch(args: argparse.Namespace) -> int:
     _cwd_on_path()
     if args.checkpoint_every is not None and args.checkpoint_every < 0:
         return _usage_error(f"--checkpoint-every {args.checkpoint_every} must be >= 0")
+    if getattr(args, "checkpoint_keep", 3) < 1:
+        return _usage_error(f"--checkpoint-keep {args.checkpoint_keep} must be >= 1")
     problem = _check_ports(args.status_port)
     if problem:
         return _usage_error(problem)
@@ -210,9 +216,11 @@ def _run(plan: Any, jobs: list[Any], run_dir: Path, out: Any, args: argparse.Nam
     try:
         # checkpoint_dir given: every job checkpoints when it ends and on stop(), so
         # --checkpoint-every 0 ("only on exit") still leaves something to resume from.
+        from xshare.runtime import writers  # TensorBoard event files when the extra is there
         rt = xshare.Runtime(
             **rt_opts.as_kwargs(), log_dir=str(run_dir), checkpoint_dir=str(run_dir),
-            checkpoint_every=args.checkpoint_every or None, resume=resume,
+            checkpoint_every=args.checkpoint_every or None, resume=resume, writers=writers.defaults(),
+            checkpoint_keep=getattr(args, "checkpoint_keep", 3),
             status_port=None if args.status_port < 0 else args.status_port)
     except (ValueError, XShareError) as err:
         return _usage_error(f"cannot start the runtime: {err}")

@@ -170,6 +170,8 @@ def _study(plan: Any, run_dir: Path, args: argparse.Namespace) -> int:
         if plan.takes_steps and plan.steps is not None:
             params["steps"] = plan.steps
         spec = factory(**params)
+        # the job's parameters (fixed and searched) as its labels: TensorBoard's HParams
+        spec = spec.replace(meta={**spec.meta, "params": {k: v for k, v in params.items() if k != "steps"}})
         return spec.replace(steps=plan.steps) if plan.steps is not None else spec
 
     t = plan.tune
@@ -197,7 +199,8 @@ def _study(plan: Any, run_dir: Path, args: argparse.Namespace) -> int:
     from xshare.runtime.compiler import enable_persistent_cache
     enable_persistent_cache()
     # (group_capacity: one fused group program per model shape, as optimize's own runtime has)
-    rt = xshare.Runtime(**plan.runtime.as_kwargs(), log_dir=str(run_dir),
+    from xshare.runtime import writers  # TensorBoard event files when the extra is there
+    rt = xshare.Runtime(**plan.runtime.as_kwargs(), log_dir=str(run_dir), writers=writers.defaults(),
                         group_capacity=t.concurrency or DEFAULT_CONCURRENCY,
                         status_port=None if args.status_port < 0 else args.status_port)
     code = EXIT_OK

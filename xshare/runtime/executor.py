@@ -88,7 +88,8 @@ class Executor:
         left = job.steps_left
         if left == 0:
             self._dirty = True  # it leaves the rotation; it finishes when its steps retire
-        elif self.checkpoint_every and (last + 1) % self.checkpoint_every == 0 and left:
+        elif (self.checkpoint_every and (last + 1) % self.checkpoint_every == 0 and left
+              and not self.recorder.saving(job)):  # (still writing its last one: skip this one)
             # Its next step would consume (donate) this state: copy it out first.
             self._drain_inflight()
             if job.error is None and not job.terminal:
@@ -164,7 +165,7 @@ class Executor:
         self._took_turn(group, li, pos)
         self._inflight.append((group, steps, outs[1], t, 1))
         due = [job for job, step in steps.values() if self.checkpoint_every and job.steps_left
-               and (step + 1) % self.checkpoint_every == 0]
+               and (step + 1) % self.checkpoint_every == 0 and not self.recorder.saving(job)]
         if due:
             self._drain_inflight()
             for job in due:

@@ -46,8 +46,9 @@ class Lifecycle:
             return
         job.host_state = host
         if self.checkpoint_dir is not None:
-            self.recorder.checkpoint(job, job.spec.start_step + job.steps_done, host,
-                                     job.last_metrics, done=True)
+            step, source = job.spec.start_step + job.steps_done, job.source
+            self.recorder.checkpoint(job, step, host, job.last_metrics, done=True,
+                                     data_state=source.state_at(step) if source is not None else None)
         self._finalize(job, Event.FINISH)
 
     def _save(self, job: JobRecord, *, done: bool) -> None:
@@ -58,8 +59,10 @@ class Lifecycle:
         if arrays is None:
             return
         host = job.user_state(jax.device_get(arrays))
-        self.recorder.checkpoint(job, job.spec.start_step + job.steps_done, host, job.last_metrics,
-                                 done=done)
+        step = job.spec.start_step + job.steps_done
+        source = job.source  # (None once its data ran out: a resume then replays)
+        self.recorder.checkpoint(job, step, host, job.last_metrics, done=done,
+                                 data_state=source.state_at(step) if source is not None else None)
 
     def _fail(self, job: JobRecord, cause: str, err: BaseException | None = None) -> None:
         """Record a failure; the job ends once its in-flight steps have retired."""

@@ -137,7 +137,7 @@ class GroupCalls:
         self._took_turn(group, li, pos)
         self._inflight.append((group, steps, rows, t, k))
         due = [job for job, step in steps.values() if self.checkpoint_every and job.steps_left
-               and (step + k) % self.checkpoint_every == 0]
+               and (step + k) % self.checkpoint_every == 0 and not self.recorder.saving(job)]
         if due:
             self._drain_inflight()
             for job in due:

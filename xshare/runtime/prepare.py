@@ -98,10 +98,11 @@ class Preparation:
             if saved is not None:
                 spec, restored = spec.replace(state=saved.state, start_step=saved.step), saved.metrics
             self.recorder.open(job, resume_from=spec.start_step if self._resume else None)
-            if spec.start_step:
-                self.recorder.line(job, f"resumed at step {spec.start_step}")
-            source = BatchSource(spec.data, start=spec.start_step, stop=spec.steps)
+            source = BatchSource(spec.data, start=spec.start_step, stop=spec.steps,
+                                 data_state=saved.data_state if saved is not None else None)
             first = source.peek()
+            if spec.start_step:
+                self.recorder.line(job, f"resumed at step {spec.start_step}" + _data_resumed(source))
         except Exception as err:  # noqa: BLE001 - a broken job fails alone
             post(self._dispatcher.fail_now, job,
                  f"its data raised while producing batch {spec.start_step}: {short_error(err)}", err)
@@ -224,6 +225,16 @@ class Preparation:
         """``job``'s checkpoint (its step, state and metrics to continue from), if any."""
         return checkpoint.load(checkpoint.path_for(self.checkpoint_dir, job_dir(job.name)),
                                job.spec.state, job=job.name)
+
+
+def _data_resumed(source: BatchSource) -> str:
+    """How a resumed job's data reached its first step, for its log."""
+    if source.replayed:
+        return (f"; its data replayed {source.replayed} batches to get there (it has no "
+                "get_state/set_state to resume from)")
+    if source.stateful:
+        return "; its data iterator resumed from the checkpoint's state (no batch replayed)"
+    return ""
 
 
 def _chosen(prep: Prepared, choice: Choice, together: int) -> Prepared:

@@ -23,7 +23,7 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 import jax
 
@@ -38,6 +38,7 @@ from . import fusion
 from .dispatcher import DispatchConfig, Dispatcher, debug_ownership_default
 from .handle import JobHandle
 from .recorder import Recorder, check_name, job_dir
+from .writers import resolve as resolve_writers
 from .controls import Controls
 from .deployments import Deployments
 from .prepare import Preparation
@@ -82,8 +83,13 @@ class Runtime(Preparation, Deployments, Controls):
         ``rt.grpc_server.address``); None serves none. Needs ``pip install 'xshare[grpc]'``.
       slots: how many jobs ``srtf`` runs at once (the shortest, taking turns).
       max_lanes: at most this many lanes (None: as many as memory allows); jobs then share lanes.
-      checkpoint_dir: where each job's ``{name}/checkpoint.msgpack`` goes (default: ``log_dir``).
+      checkpoint_dir: where each job's Orbax checkpoints ``{name}/checkpoint/{step}/`` go
+        (default: ``log_dir``); a plain ``ocp.CheckpointManager`` reads them.
       checkpoint_every: save every N steps (and when a job finishes, and on ``stop()``).
+      checkpoint_keep: the newest checkpoints kept per job (Orbax's ``max_to_keep``; default 3).
+      writers: where each job's metrics rows go besides ``metrics.jsonl``: ``"tensorboard"``
+        (event files with the job's ``meta["params"]`` as HParams, ``pip install
+        'xshare[tensorboard]'``) or factories ``job_directory -> xshare.Writer``; needs ``log_dir``.
       resume: continue each submitted job from its checkpoint in ``checkpoint_dir`` if there is
         one (a finished job comes back done at once, with its saved final state).
       compile_workers: threads that trace and compile jobs (cache misses only).
@@ -120,7 +126,8 @@ class Runtime(Preparation, Deployments, Controls):
                  checkpoint_dir: str | os.PathLike | None = None, checkpoint_every: int | None = None,
                  resume: bool = False, max_lanes: int | None = None, slots: int = 1,
                  compile_workers: int = 1, fuse: bool = False, group_capacity: int | None = None,
-                 steps_per_call: int | str = "auto", compilation_cache: bool | str | os.PathLike = True):
+                 steps_per_call: int | str = "auto", compilation_cache: bool | str | os.PathLike = True,
+                 checkpoint_keep: int = 3, writers: Sequence[str | Callable[[Path], Any]] = ()):
         self.policy = sched.get_policy(policy)
         self.compilation_cache = _compilation_cache(compilation_cache)
         if self.compilation_cache is not None:
@@ -141,8 +148,14 @@ class Runtime(Preparation, Deployments, Controls):
         if group_capacity is not None and (not isinstance(group_capacity, int) or isinstance(group_capacity, bool)
                                            or group_capacity < 1):
             raise ValueError(f"group_capacity={group_capacity!r} must be an int >= 1 (slots per fused group), or None")
+        if not isinstance(checkpoint_keep, int) or isinstance(checkpoint_keep, bool) or checkpoint_keep < 1:
+            raise ValueError(f"checkpoint_keep={checkpoint_keep!r} must be an int >= 1 (checkpoints kept per job)")
         if checkpoint_every is not None and (not isinstance(checkpoint_every, int) or checkpoint_every < 1):
             raise ValueError(f"checkpoint_every={checkpoint_every!r} must be an int >= 1 (steps), or None")
+        factories = resolve_writers(writers)
+        if factories and log_dir is None:
+            raise ValueError(f"writers={list(writers)!r} need a log_dir (each job's writer writes under "
+                             "log_dir/<job>/)")
         ckpt = checkpoint_dir if checkpoint_dir is not None else log_dir
         if (checkpoint_every is not None or resume) and ckpt is None:
             raise ValueError("checkpoint_every/resume need a checkpoint_dir (or log_dir) to keep checkpoints in")
@@ -178,7 +191,8 @@ class Runtime(Preparation, Deployments, Controls):
         self.fuse = bool(fuse)
         self.group_capacity = group_capacity if self.fuse else None  # (the compile pool's copy)
         self.recorder = Recorder(log_dir=self.log_dir, checkpoint_dir=self.checkpoint_dir, t0=self.t0,
-                                 tick=self.timeline_.drain if self._ring is not None else None)
+                                 tick=self.timeline_.drain if self._ring is not None else None,
+                                 checkpoint_keep=checkpoint_keep, writers=factories)
         # (the feeder's lambda reads the dispatcher when a batch is ready, after it exists)
         self.feeder = LazyFeeder(lambda: self.device, lambda: self._dispatcher.poke)
         self._dispatcher: Dispatcher = Dispatcher(

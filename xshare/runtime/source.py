@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import queue
+from collections import OrderedDict
 import threading
 import time
 from dataclasses import dataclass
@@ -36,23 +37,49 @@ class BatchMismatch(XShareError):
     """A batch whose pytree structure differs from the one the step was compiled for."""
 
 
-class BatchSource:
-    """Batches ``start .. stop`` of a job's data, whether it is an iterable or ``step -> batch``."""
+# Iterator states kept per job (a checkpoint asks for the one at its step, which is at most the
+# prefetched and in-flight batches behind the newest): a bound, not a working set.
+KEEP_STATES = 1024
 
-    def __init__(self, data: Any, *, start: int, stop: int | None):
+
+class BatchSource:
+    """Batches ``start .. stop`` of a job's data, whether it is an iterable or ``step -> batch``.
+
+    An iterator with ``get_state``/``set_state`` (Grain's dataset and ``DataLoader`` iterators,
+    or any such, duck-typed) is *checkpointable*: its state after each batch is kept, a
+    checkpoint at step ``s`` saves ``state_at(s)``, and a resumed job gives it back with
+    ``set_state`` and reads only the batches after ``s``. Any other iterable cannot seek: a
+    resumed job replays (makes and drops) its first ``start`` batches (``replayed``)."""
+
+    def __init__(self, data: Any, *, start: int, stop: int | None, data_state: Any = None):
         self.start, self.stop = start, stop
         self._callable = callable(data) and not hasattr(data, "__iter__")
         self._data = data
         self._iter: Iterator | None = None
         self._peeked: list[Any] = []
         self.next_step = start
+        self.data_state = data_state    # the checkpoint's iterator state at ``start``, if any
+        self.stateful = False           # the iterator has get_state/set_state
+        self.replayed = 0               # batches made and dropped to reach ``start``
+        self._states: OrderedDict[int, Any] = OrderedDict()  # step -> state before its batch
 
     def _open(self) -> None:
         if self._iter is None and not self._callable:
             self._iter = iter(self._data)
-            # An iterable cannot seek: a resumed job replays (and drops) the batches before start.
-            for _ in range(self.start):
-                next(self._iter)
+            self.stateful = (callable(getattr(self._iter, "get_state", None))
+                             and callable(getattr(self._iter, "set_state", None)))
+            if self.start and self.stateful and self.data_state is not None:
+                self._iter.set_state(self.data_state)
+            else:
+                for _ in range(self.start):
+                    next(self._iter)
+                self.replayed = self.start
+            if self.stateful:
+                self._states[self.start] = self._iter.get_state()
+
+    def state_at(self, step: int) -> Any:
+        """The iterator's state after ``step`` batches (None: not checkpointable, or unknown)."""
+        return self._states.get(step)
 
     def peek(self) -> Any:
         """The first batch, kept to be served again by ``next`` (the compiler needs its shapes)."""
@@ -72,9 +99,14 @@ class BatchSource:
         self._open()
         assert self._iter is not None  # (opened above: not a callable source)
         try:
-            return next(self._iter)
+            batch = next(self._iter)
         except StopIteration:
             return END
+        if self.stateful:
+            self._states[step + 1] = self._iter.get_state()
+            if len(self._states) > KEEP_STATES:
+                self._states.popitem(last=False)
+        return batch
 
     def next(self) -> Any:
         item = self._peeked.pop(0) if self._peeked else self._produce()

@@ -261,9 +261,13 @@ class _Driver(_Teller):
             every = max(1, (spec.steps or 200) // 20)  # a train metric: 20 reports a trial
         r = _Running(trial, self.metric, every, budget=spec.steps)
         r.decided.set()
-        # The steps the hook acts on: the runtime runs several steps per call between them.
+        # the trial's parameters, with the job's own (a spec's fixed params), as its HParams;
+        # on_metrics_every: the steps the hook acts on (the runtime runs several steps per call
+        # between them)
+        params = {**dict(spec.meta.get("params") or {}), **trial.params}
         return r, spec.replace(name=f"trial-{trial.number}", on_metrics=self.hook(r),
-                               on_metrics_every=every if every is not None else 0)
+                               on_metrics_every=every if every is not None else 0,
+                               meta={**spec.meta, "params": params})
 
     def _job(self, trial: optuna.Trial) -> Any:
         spec = self.objective(trial)
