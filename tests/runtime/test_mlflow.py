@@ -12,7 +12,7 @@ from tests.helpers import linreg_data, linreg_state, linreg_step
 
 pytest.importorskip("mlflow")
 pytest.importorskip("sqlalchemy")
-from mlflow.tracking import MlflowClient  # noqa: E402
+from mlflow.tracking import MlflowClient
 
 
 def test_each_job_is_an_mlflow_run_with_its_rows_and_params(tmp_path, monkeypatch):

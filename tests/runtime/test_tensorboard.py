@@ -72,7 +72,9 @@ def test_every_row_and_each_jobs_hparams_are_in_its_event_files(tmp_path):
 
 
 def test_a_resumed_job_has_each_steps_values_once(tmp_path):
-    def slow(step, data=linreg_data(seed=3)):
+    data = linreg_data(seed=3)
+
+    def slow(step):
         time.sleep(0.003)
         return data(step)
 

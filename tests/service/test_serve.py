@@ -5,6 +5,7 @@ SIGTERM checkpoints and exits 0, ``--resume`` finishes the work."""
 from __future__ import annotations
 
 import json
+import time
 import socket
 
 import jax

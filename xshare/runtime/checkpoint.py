@@ -159,7 +159,7 @@ def _orbax_tree(tree: Any) -> Any:
     Zero-size arrays are None too (Orbax refuses them; they hold nothing, and the meta item
     keeps their dtype and shape)."""
     leaves, treedef = jax.tree.flatten(tree)
-    return treedef.unflatten([None if not is_array(x) or np.size(x) == 0
+    return jax.tree.unflatten(treedef, [None if not is_array(x) or np.size(x) == 0
                               else x if is_key(x) else np.asarray(x) for x in leaves])
 
 

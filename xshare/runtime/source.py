@@ -68,14 +68,15 @@ class BatchSource:
             self._iter = iter(self._data)
             self.stateful = (callable(getattr(self._iter, "get_state", None))
                              and callable(getattr(self._iter, "set_state", None)))
+            it: Any = self._iter  # (an iterator with get_state/set_state: checked above)
             if self.start and self.stateful and self.data_state is not None:
-                self._iter.set_state(self.data_state)
+                it.set_state(self.data_state)
             else:
                 for _ in range(self.start):
                     next(self._iter)
                 self.replayed = self.start
             if self.stateful:
-                self._states[self.start] = self._iter.get_state()
+                self._states[self.start] = it.get_state()
 
     def state_at(self, step: int) -> Any:
         """The iterator's state after ``step`` batches (None: not checkpointable, or unknown)."""
@@ -103,7 +104,7 @@ class BatchSource:
         except StopIteration:
             return END
         if self.stateful:
-            self._states[step + 1] = self._iter.get_state()
+            self._states[step + 1] = self._iter.get_state()  # type: ignore[attr-defined]  # (stateful: it has one)
             if len(self._states) > KEEP_STATES:
                 self._states.popitem(last=False)
         return batch
