@@ -74,33 +74,12 @@ def compile_multi(program: CompiledStep, form: Form, device: Any) -> MultiStep:
 
 def _compile(program: CompiledStep, form: Form, device: Any) -> MultiStep:
     sharding = jax.sharding.SingleDeviceSharding(device)
-    flat = program.flat
     stacked = [jax.ShapeDtypeStruct((form.k,) + tuple(x.shape), x.dtype, sharding=sharding)
                for x in program.batch_struct]
-    args: list[Any] = [program.state_struct, stacked]
-    multi: Callable[..., Any]  # its arguments: the fenced one takes the fences' ident too
-    if program.fenced:
-        ffi.ensure_loaded()
-        step = ffi.fenced(flat, donated=True)
-        args.append(jax.ShapeDtypeStruct((3,), np.int32, sharding=sharding))
-
-        def multi(state, batches, ident):
-            return jax.lax.scan(lambda s, b: step(s, b, ident), state, batches,
-                                unroll=form.k if form.unroll else 1)
-    else:
-        def multi(state, batches):
-            return jax.lax.scan(flat, state, batches, unroll=form.k if form.unroll else 1)
-
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-        lowered = jax.jit(multi, donate_argnums=STATE_ONLY).lower(*args)
-        t0 = time.perf_counter()
-        compiled = lowered.compile()
-        compile_s = time.perf_counter() - t0
-    fp = footprint_from_analysis(compiled.memory_analysis(), state_bytes=tree_nbytes(program.state_struct),
-                                 batch_bytes=tree_nbytes(stacked), prefetch=0,
-                                 job=f"{program.key[:12]} {form.describe()}")
-    return MultiStep(form=form, executable=compiled, footprint=fp, compile_s=compile_s)
+    return _scan_program(program.flat, program.state_struct, stacked, xs=lambda batches: batches,
+                         one=lambda b, batches: b, fenced=program.fenced, form=form, device=device,
+                         state_bytes=tree_nbytes(program.state_struct), batch_bytes=tree_nbytes(stacked),
+                         label=f"{program.key[:12]} {form.describe()}")
 
 
 def compile_group_multi(program: CompiledStep, capacity: int, form: Form, device: Any) -> MultiStep:
@@ -114,27 +93,39 @@ def _compile_group(program: CompiledStep, capacity: int, form: Form, device: Any
     from .fusion import group_body
 
     sharding = jax.sharding.SingleDeviceSharding(device)
-    body = group_body(program.flat)
     states = [jax.ShapeDtypeStruct((capacity,) + tuple(x.shape), x.dtype, sharding=sharding)
               for x in program.state_struct]
     batches = [jax.ShapeDtypeStruct((form.k, capacity) + tuple(x.shape), x.dtype, sharding=sharding)
                for x in program.batch_struct]
     mask = jax.ShapeDtypeStruct((capacity,), np.bool_, sharding=sharding)
+    # The batch argument is (K stacked group batches, the slot mask): the scan runs over the
+    # first, each step gets (its batch, the mask).
+    return _scan_program(group_body(program.flat), states, (batches, mask), xs=lambda arg: arg[0],
+                         one=lambda b, arg: (b, arg[1]), fenced=program.fenced, form=form, device=device,
+                         state_bytes=capacity * tree_nbytes(program.state_struct),
+                         batch_bytes=tree_nbytes(batches) + capacity,
+                         label=f"fused group {program.key[:12]} {form.describe()}")
+
+
+def _scan_program(step: Callable, state_struct: Any, batch_struct: Any, *, xs: Callable, one: Callable,
+                  fenced: bool, form: Form, device: Any, state_bytes: int, batch_bytes: int,
+                  label: str) -> MultiStep:
+    """Compile ``scan(step)`` over ``xs(batch argument)``, each step given ``one(x, batch
+    argument)``, fenced per step when the program is, the state donated."""
+    sharding = jax.sharding.SingleDeviceSharding(device)
     unroll = form.k if form.unroll else 1
-    args: list[Any] = [states, (batches, mask)]
+    args: list[Any] = [state_struct, batch_struct]
     multi: Callable[..., Any]  # its arguments: the fenced one takes the fences' ident too
-    if program.fenced:
+    if fenced:
         ffi.ensure_loaded()
-        step = ffi.fenced(body, donated=True)
+        fenced_step = ffi.fenced(step, donated=True)
         args.append(jax.ShapeDtypeStruct((3,), np.int32, sharding=sharding))
 
-        def multi(states, batches_and_mask, ident):
-            stacked, m = batches_and_mask
-            return jax.lax.scan(lambda s, b: step(s, (b, m), ident), states, stacked, unroll=unroll)
+        def multi(state, arg, ident):
+            return jax.lax.scan(lambda s, x: fenced_step(s, one(x, arg), ident), state, xs(arg), unroll=unroll)
     else:
-        def multi(states, batches_and_mask):
-            stacked, m = batches_and_mask
-            return jax.lax.scan(lambda s, b: body(s, (b, m)), states, stacked, unroll=unroll)
+        def multi(state, arg):
+            return jax.lax.scan(lambda s, x: step(s, one(x, arg)), state, xs(arg), unroll=unroll)
 
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
@@ -142,10 +133,8 @@ def _compile_group(program: CompiledStep, capacity: int, form: Form, device: Any
         t0 = time.perf_counter()
         compiled = lowered.compile()
         compile_s = time.perf_counter() - t0
-    fp = footprint_from_analysis(compiled.memory_analysis(),
-                                 state_bytes=capacity * tree_nbytes(program.state_struct),
-                                 batch_bytes=tree_nbytes(batches) + capacity, prefetch=0,
-                                 job=f"fused group {program.key[:12]} {form.describe()}")
+    fp = footprint_from_analysis(compiled.memory_analysis(), state_bytes=state_bytes,
+                                 batch_bytes=batch_bytes, prefetch=0, job=label, hlo=compiled.as_text)
     return MultiStep(form=form, executable=compiled, footprint=fp, compile_s=compile_s)
 
 
