@@ -76,5 +76,7 @@ def test_the_reference_trains():  # the comparison above is between runs that do
     assert jnp.isfinite(last)
 
 
-def test_several_steps_per_call_bit_identical_under_every_policy():
-    harness.check_multistep(lambda steps: spec(0, steps), reference(0, harness.MULTI_STEPS))
+@pytest.mark.parametrize("policies", [("pack", "srtf"), pytest.param(xshare.POLICIES, marks=pytest.mark.slow)],
+                         ids=["pack-srtf", "every-policy"])
+def test_several_steps_per_call_bit_identical(policies):
+    harness.check_multistep(lambda steps: spec(0, steps), reference(0, harness.MULTI_STEPS), policies=policies)

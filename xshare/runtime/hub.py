@@ -189,6 +189,7 @@ class ModelHandle:
 
     @property
     def version(self) -> int:
+        """The version this handle answers with (the highest ready one, unless pinned)."""
         return self._m.version
 
     def submit(self, inputs: dict[str, Any], *, priority: int = 0, timeout_us: int | None = None) -> Future:

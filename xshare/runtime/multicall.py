@@ -21,7 +21,7 @@ from . import multistep
 from .causes import dispatch_error
 from .multistep import MultiStep, Verdict, first_difference
 from .records import JobRecord
-from .tiers import Candidate
+from .tiers import Candidate, typical_step_s
 from .source import END, DataError, produce
 
 # Fences of the check's K-step calls carry this job id, which no job has, so the timeline does
@@ -119,7 +119,7 @@ class MultiCalls:
         program, device = job.program, self.device
         self.tiers.consider(self.tiers.tier(job), Candidate(
             key=program.key, compile=lambda form: multistep.compile_multi(program, form, device),
-            steps_done=job.steps_done, step_s=job.step_time_s, steps_left=left,
+            steps_done=job.steps_done, step_s=typical_step_s(job), steps_left=left,
             gap_s=job.host_gap_s if job.host_gap_s is not None else self.timeline.host_gap_s,
             period=self._period(job)))
 

@@ -23,7 +23,7 @@ from .causes import short_error
 from .fusion import Group
 from .multistep import MultiStep, Verdict
 from .multicall import _done
-from .tiers import Candidate
+from .tiers import Candidate, typical_step_s
 
 
 class GroupCalls:
@@ -158,7 +158,7 @@ class GroupCalls:
         self.tiers.consider(tier, Candidate(
             key=_group_key(group),
             compile=lambda form: multistep.compile_group_multi(program, capacity, form, device),
-            steps_done=group.steps_run, step_s=group.step_time_s,
+            steps_done=group.steps_run, step_s=typical_step_s(group),
             steps_left=None if any(x is None for x in lefts) else max(lefts),
             gap_s=group.host_gap_s if group.host_gap_s is not None else self.timeline.host_gap_s,
             period=min(periods) if periods else None))

@@ -56,6 +56,11 @@ class MultiStep:
         return self.form.k
 
 
+# The host's cost of one executable call and its bookkeeping, before any K-step form has been
+# measured: the ~76 us/step the runtime added to the hook's MLP step on this project's CPU
+# machine (issue #32), which is what running K steps per call divides by K.
+CALL_S = 75e-6
+
 # The state is donated (updated in place, as by the one-step program); the K stacked batches are
 # not: no output has their shape, so XLA could not reuse them, and would say so at each lowering.
 STATE_ONLY = (0,)
@@ -210,14 +215,15 @@ class Verdicts:
         with self._lock:
             self._by.clear()
 
-    def typical_ratio(self) -> float:
-        """The median K-step / one-step cost per step among the forms kept so far (by any
-        program, this process or earlier ones: ``persist``), or 0.5 before any: what a
-        promotion expects to save before its own program is measured."""
+    def typical_call_s(self) -> float:
+        """What one executable call costs beyond its steps' work, as the forms kept so far
+        measured it (any program, this process or earlier ones: ``persist``): the median of
+        (one-step cost - K-step cost per step) / (1 - 1/K); ``CALL_S`` before any. A promotion
+        expects to save this much per step, times (1 - 1/K), before its own program is measured."""
         with self._lock:
-            ratios = sorted(v.multi_step_s / v.single_step_s for v in self._by.values()
-                            if v.kept and v.single_step_s > 0)
-        return ratios[len(ratios) // 2] if ratios else 0.5
+            calls = sorted((v.single_step_s - v.multi_step_s) / (1 - 1 / v.form.k)
+                           for v in self._by.values() if v.kept and v.form.k > 1)
+        return calls[len(calls) // 2] if calls else CALL_S
 
 
 VERDICTS = Verdicts()

@@ -50,6 +50,10 @@ from .timing import Timeline
 
 log = logging.getLogger("xshare.runtime")
 
+# The least a K-step program's compile is assumed to cost when weighing a promotion (tiers.py):
+# a small MLP's step compiles in 0.4-1.0 s on this project's CPU machine, its scan about as long.
+COLD_COMPILE_S = 0.5
+
 
 class Runtime(Preparation, Deployments, Controls):
     """Owns one device; admits, places and interleaves jobs under a scheduling policy.
@@ -206,7 +210,10 @@ class Runtime(Preparation, Deployments, Controls):
                 preemptive=bool(getattr(self.policy, "preemptive", False)),
                 debug_ownership=debug_ownership_default()),
             submit=lambda fn: self._tier_pool.submit(fn),
-            compile_estimate=lambda: PROGRAMS.slowest_compile_s or None)
+            # a K-step program not in the persistent cache costs a compile: at least what one
+            # typically costs (a process whose programs all came from the cache measured only
+            # loads, which say nothing of a miss)
+            compile_estimate=lambda: max(PROGRAMS.slowest_compile_s, COLD_COMPILE_S))
         self._sweeps = Sweeps(self.device)     # fused runtimes: which program each job runs
         self._dispatcher.sweeps = self._sweeps
         self._pool = ThreadPoolExecutor(max_workers=compile_workers, thread_name_prefix="xshare-compile")

@@ -116,15 +116,18 @@ class Tiers:
         if c.step_s is None:
             tier.considered = False
             return
-        # What a K-step call saves: the host's share of each step (dispatch, the call, reading
-        # its metrics) and, on a CPU, part of the call itself. Neither is measurable before the
-        # program exists (the fences' gap sees only the Python between calls: ~9 us of a
-        # measured 115 us saving for a small MLP), so the estimate is the step's measured time
-        # and gap times the typical saving of the forms checked so far (Verdicts).
+        # What a K-step call saves is the per-call cost (dispatch, the call, reading its
+        # metrics, the runtime's bookkeeping) of K-1 of every K steps; the step's own work stays.
+        # It is not measurable before the program exists (the fences' gap sees only the Python
+        # between calls: ~9 us of a measured 115 us saving for a small MLP), so it is what the
+        # forms checked so far measured (Verdicts.typical_call_s), never more than most of the step.
         now = c.step_s + (c.gap_s or 0.0)
-        after = now * multistep.VERDICTS.typical_ratio()
+        after = now - min(multistep.VERDICTS.typical_call_s() * (1 - 1 / form.k), 0.9 * now)
         estimate = (self._compile_estimate() or 0.5) * (_UNROLLED_FACTOR if form.unroll else _ROLLED_FACTOR)
         if promotion_pays(c.steps_left, now, after, estimate):
+            tier.note = (f"compiling {form.describe()}: ~{(now - after) * 1e6:.0f} us/step to save over "
+                         f"{c.steps_left} steps left, more than its compile (~{estimate:.2f} s)")
+            log.debug("%s", tier.note)
             self._start(tier, c, form)
         else:
             tier.note = (f"one step per call: {form.describe()} would save ~{(now - after) * 1e6:.0f} us/step "
@@ -202,3 +205,14 @@ def steps_per_call(job: Any) -> dict[str, int]:
     out = {"1": max(int(job.steps_done) - sum(multi.values()), 0)}
     out.update({str(k): int(n) for k, n in sorted(multi.items())})
     return out
+
+
+def typical_step_s(unit: Any) -> float | None:
+    """The median of a unit's measured step times, its first two left out (a program's first
+    runs pay one-time costs: an EMA over a handful of steps still carries them, and a promotion
+    weighed on them overestimates what K steps per call would save)."""
+    times = list(unit.step_times)[2:]
+    if len(times) < 3:
+        return None
+    times.sort()
+    return times[len(times) // 2]

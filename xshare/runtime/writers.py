@@ -62,6 +62,12 @@ class TensorBoardWriter:
         self._writer: Any = None
 
     def open(self, job: str, params: Mapping[str, Any], *, first_step: int = 0) -> None:
+        """Start the job's event file in ``directory``, with ``params`` as its HParams; events at
+        or after ``first_step`` in earlier files of the run are dropped (a resumed job).
+
+        Raises:
+          XShareError: tensorboardX is not installed (``pip install 'xshare[tensorboard]'``).
+        """
         try:
             from tensorboardX import SummaryWriter
             from tensorboardX.summary import hparams
@@ -81,13 +87,16 @@ class TensorBoardWriter:
             self._writer.file_writer.add_summary(start)
 
     def scalars(self, step: int, values: Mapping[str, float]) -> None:
+        """One step's metrics, each a scalar tagged as in ``metrics.jsonl``."""
         for tag, value in values.items():
             self._writer.add_scalar(tag, value, global_step=step)
 
     def flush(self) -> None:
+        """Write what was added to the event file (the recorder calls it with each batch of rows)."""
         self._writer.flush()
 
     def close(self) -> None:
+        """Flush and close the event file (the job ended)."""
         if self._writer is not None:
             self._writer.close()
             self._writer = None
