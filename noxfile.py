@@ -32,7 +32,8 @@ def oldest(session: nox.Session) -> None:
     """The oldest supported pair: Python 3.11 and jax/jaxlib 0.10.x; the whole suite."""
     session.install("-e", ".[test]", "jax==0.10.*", "jaxlib==0.10.*")
     session.run("python", "-c", VERSIONS)
-    session.run("python", "-m", "pytest", "-q", *session.posargs)
+    # (every test: the default run leaves the slow ones out, pyproject.toml addopts)
+    session.run("python", "-m", "pytest", "-q", *(session.posargs or ["-m", "slow or not slow"]))
 
 
 @nox.session(python="3.12")
