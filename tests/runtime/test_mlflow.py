@@ -15,6 +15,10 @@ pytest.importorskip("sqlalchemy")
 from mlflow.tracking import MlflowClient
 
 
+# mlflow's SQLAlchemy store uses a loader strategy SQLAlchemy 2.1 deprecates: the newest end of
+# the test matrix (nox -s newest) makes DeprecationWarning an error, and the store would not
+# open. Not ours to fix; ours still raise there.
+@pytest.mark.filterwarnings("ignore:The ``noload`` loader strategy is deprecated:DeprecationWarning")
 def test_each_job_is_an_mlflow_run_with_its_rows_and_params(tmp_path, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     run_dir = tmp_path / "sweep"

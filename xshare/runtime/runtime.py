@@ -400,15 +400,16 @@ class Runtime(Preparation, Deployments, Controls):
                 return
             self._closed = True
         self._pool.shutdown(wait=True, cancel_futures=True)
-        # Not waited for: a K-step program compiling in the background (tiers.py) for jobs that
-        # have ended finishes on its own (into the persistent compilation cache, for the next
-        # run) without holding this close().
-        self._tier_pool.shutdown(wait=False, cancel_futures=True)
         try:
             self._dispatcher.call(self._dispatcher.shutdown, timeout=60)
         except Exception as err:  # noqa: BLE001
             log.warning("xshare: the dispatcher did not shut down cleanly: %s", err)
         self._dispatcher.thread.join(timeout=10)
+        # After the dispatcher (which may still weigh a promotion as it retires its last steps),
+        # and not waited for: a K-step program compiling in the background (tiers.py) for jobs
+        # that have ended finishes on its own (into the persistent compilation cache, for the
+        # next run) without holding this close().
+        self._tier_pool.shutdown(wait=False, cancel_futures=True)
         if self._dispatcher.serving is not None:  # nothing launches now: fail what still waits
             self._dispatcher.serving.close()
         for job in self._all.values():  # anything the dispatcher never saw (compiling)

@@ -148,7 +148,11 @@ class Tiers:
         tier.tried.append(form)
         build = c.compile
         assert self._submit is not None  # (only an enabled Tiers starts a compile: it has a pool)
-        tier.pending = self._submit(lambda: build(form))
+        try:
+            tier.pending = self._submit(lambda: build(form))
+        except RuntimeError:  # the runtime is closing (its compile thread is shut down)
+            tier.pending = None
+            self.enabled = False
 
     def ready(self, job: Any) -> bool:
         """Whether a pending K-step program finished compiling (the dispatcher then checks it
