@@ -65,17 +65,23 @@ def rows(n: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).normal(size=(n, D_IN)).astype(np.float32)
 
 
-@pytest.fixture
-def served(tmp_path, monkeypatch):
-    """A runtime with a status server on a free loopback port and both models deployed."""
+def serving_runtime(tmp_path, monkeypatch, **ports):
+    """A runtime on free loopback ports (``status_port=0``, ``grpc_port=0``, ...) with both
+    models deployed, closed after the test (a generator for fixtures to yield from)."""
     monkeypatch.setenv("XSHARE_RUNTIME_DIR", str(tmp_path / "runtimes"))
-    rt = xshare.Runtime(policy="pack", memory="256MiB", status_port=0)
+    rt = xshare.Runtime(policy="pack", memory="256MiB", **ports)
     try:
         rt.deploy(mlp_spec())
         rt.deploy(affine_spec())
         yield rt
     finally:
         rt.close()
+
+
+@pytest.fixture
+def served(tmp_path, monkeypatch):
+    """A runtime with a status server on a free loopback port and both models deployed."""
+    yield from serving_runtime(tmp_path, monkeypatch, status_port=0)
 
 
 @pytest.fixture

@@ -17,22 +17,15 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 import xshare
-from tests.serving.conftest import (AFFINE_PARAMS, D_IN, D_OUT, affine_predict, affine_spec, direct_mlp, mlp_spec,
-                                    rows)
+from tests.serving.conftest import (AFFINE_PARAMS, D_IN, D_OUT, affine_predict, direct_mlp, mlp_spec,
+                                    rows, serving_runtime)
 from tests.serving.test_oip import raising_predict
 
 
 @pytest.fixture
 def both(tmp_path, monkeypatch):
     """A runtime serving HTTP and gRPC on free loopback ports, with both models deployed."""
-    monkeypatch.setenv("XSHARE_RUNTIME_DIR", str(tmp_path / "runtimes"))
-    rt = xshare.Runtime(policy="pack", memory="256MiB", status_port=0, grpc_port=0)
-    try:
-        rt.deploy(mlp_spec())
-        rt.deploy(affine_spec())
-        yield rt
-    finally:
-        rt.close()
+    yield from serving_runtime(tmp_path, monkeypatch, status_port=0, grpc_port=0)
 
 
 @pytest.fixture
