@@ -68,14 +68,7 @@ class Service:
         self.log = tmp / f"svc-{n}-{train}-{time.monotonic_ns()}.log"
         with open(self.log, "wb") as err:
             self.proc = subprocess.Popen(args, env=env, cwd=tmp, stdout=subprocess.DEVNULL, stderr=err)
-        announce = self.run_dir / "service.json"
-        deadline = time.monotonic() + 300
-        while not announce.exists():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"xshare serve did not start: {_tail(self.log)}")
-            time.sleep(0.1)
-        rec = json.loads(announce.read_text())
+        rec = _announced(self.run_dir / "service.json", self.proc, self.log, self.stop)
         self.address, self.token, self.pids = rec["address"], rec["token"], [self.proc.pid]
         self.targets = [(self.address, f"m{i}") for i in range(n)]
         if train:
@@ -128,6 +121,18 @@ class PlainServers:
     def stop(self) -> None:
         for p in self.procs:
             _stop(p)
+
+
+def _announced(announce: Path, proc: Any, log: Path, stop: Any) -> dict:
+    """The record an ``xshare serve`` writes once it listens (``stop()`` and raise if it exits
+    or takes over 300 s first)."""
+    deadline = time.monotonic() + 300
+    while not announce.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop()
+            raise RuntimeError(f"xshare serve did not start: {_tail(log)}")
+        time.sleep(0.1)
+    return json.loads(announce.read_text())
 
 
 def _tail(log: Path) -> str:

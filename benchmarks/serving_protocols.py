@@ -40,7 +40,7 @@ class GrpcService:
     """`xshare serve` with model ``m0`` on HTTP and gRPC (the default batcher)."""
 
     def __init__(self, tmp: Path):
-        from benchmarks.serving import MODEL, _env, _tail
+        from benchmarks.serving import MODEL, _announced, _env
 
         run_dir = tmp / f"proto-{time.monotonic_ns()}"
         self.log = tmp / "proto-serve.log"
@@ -50,14 +50,7 @@ class GrpcService:
         with open(self.log, "wb") as err:  # a file, not an unread pipe (benchmarks.serving.Service)
             self.proc = subprocess.Popen(args, env=dict(_env(), XSHARE_RUNTIME_DIR=str(tmp / "discovery")), cwd=tmp,
                                          stdout=subprocess.DEVNULL, stderr=err)
-        announce = run_dir / "service.json"
-        deadline = time.monotonic() + 300
-        while not announce.exists():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"xshare serve did not start: {_tail(self.log)}")
-            time.sleep(0.1)
-        rec = json.loads(announce.read_text())
+        rec = _announced(run_dir / "service.json", self.proc, self.log, self.stop)
         self.http, self.grpc, self.pid = rec["address"], rec["grpc_address"], self.proc.pid
 
     def stop(self) -> None:
