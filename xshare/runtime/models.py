@@ -272,14 +272,17 @@ class Deployed:
             answers.append({k: v[start:start + r.rows].copy() for k, v in host.items()})
             start += r.rows
         t_out = time.monotonic()
-        for r, answer in zip(reqs, answers):
-            _settle(r.future, answer)
+        # Counted before any future settles: a client that reads the stats right after its
+        # answer arrives must see its own request in them.
+        for r in reqs:
             latency = now - r.t_arrival
             self.latency_counts[bisect.bisect_left(LATENCY_BOUNDS_S, latency)] += 1
             self.latency_sum_s += latency
             self.recent.append((now, latency))
         self.requests_total += len(reqs)
         self.infer_stats.done(reqs, now, t_out)
+        for r, answer in zip(reqs, answers):
+            _settle(r.future, answer)
 
     def triton_stats(self) -> dict[str, Any]:
         """The counters behind Triton's statistics document (:mod:`xshare.serving.extensions`)."""
