@@ -30,7 +30,7 @@ JOBS, STEPS, EVERY = 4, 1500, 10
 def one(every: int | None) -> dict:
     import xshare
     from models import mlp  # (the tree's own models/, as PYTHONPATH puts it first)
-    from xshare.runtime import checkpoint
+    from xshare.runtime.observe import checkpoint
 
     saves = [0]
     real = checkpoint.save

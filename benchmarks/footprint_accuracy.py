@@ -139,7 +139,7 @@ def worker(model: str, kwargs: dict[str, Any], steps: int) -> dict[str, Any]:
     import jax
 
     from xshare import ffi
-    from xshare.runtime.compiler import compile_step
+    from xshare.runtime.compiled.compiler import compile_step
 
     warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
     dev = jax.devices()[0]
@@ -150,7 +150,7 @@ def worker(model: str, kwargs: dict[str, Any], steps: int) -> dict[str, Any]:
     cs = compile_step(spec.fn, spec.state, host[0], device=dev, fenced=ring is not None, prefetch=2)
     fp = cs.footprint
     exe = cs.executable
-    # The runtime's executable takes flat lists of carried arrays (xshare/runtime/leaves.py).
+    # The runtime's executable takes flat lists of carried arrays (xshare/runtime/compiled/leaves.py).
     flat = cs.state_layout.split
 
     _warm_xla()

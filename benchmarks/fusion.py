@@ -165,7 +165,7 @@ def _child_naive(kind: str, n: int, steps: int) -> dict:
     import jax
 
     import xshare
-    from xshare.runtime.compiler import PROGRAMS
+    from xshare.runtime.compiled.compiler import PROGRAMS
 
     specs = _naive_specs(n, steps, inject=kind.startswith("inject"))
     jax.block_until_ready([jax.tree.leaves(s.state) for s in specs])

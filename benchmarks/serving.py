@@ -163,7 +163,7 @@ def plain_server(index: int, port_file: Path) -> None:
     from starlette.routing import Route
 
     from xshare.models import inference
-    from xshare.runtime.http_app import Reply
+    from xshare.runtime.web.http_app import Reply
     from xshare.serving.oip import parse_infer, render_infer
 
     spec = inference.make_model(name=f"m{index}", seed=index, max_batch=16)

@@ -14,7 +14,7 @@ gRPC raw bytes (what tritonclient.grpc always sends).
 Found with it: every kept-alive HTTP request to either server took 40-48 ms (a response's head
 and body, two writes, met the client's delayed ACK under Nagle's algorithm: asyncio sets
 TCP_NODELAY only on sockets created with ``IPPROTO_TCP``); the runtime's server now creates its
-socket so (xshare/runtime/server.py), as does the plain server here. Configurations alternate within each round, and each is
+socket so (xshare/runtime/web/server.py), as does the plain server here. Configurations alternate within each round, and each is
 measured in ``rounds`` rounds, so drift on a shared machine falls on all alike.
 
     python -m benchmarks.serving --protocols [--duration 3] [--rounds 2] [--smoke] [--out DIR]

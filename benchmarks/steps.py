@@ -69,7 +69,7 @@ def runtime_accepts(name: str) -> bool:
 
 def fenced_footprint(spec: xshare.JobSpec, prefetch: int = 2):
     """The footprint the runtime will compute for ``spec`` (fences on: they change XLA's temp)."""
-    from xshare.runtime.compiler import compile_step
+    from xshare.runtime.compiled.compiler import compile_step
 
     ring = ffi.open_ring(16) if ffi.enabled() else None
     try:

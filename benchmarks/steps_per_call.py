@@ -1,5 +1,5 @@
 """Speed against K: one job's step run K per executable call (xshare's K-step programs,
-``xshare/runtime/multistep.py``), rolled and unrolled, against the plain jit loop, for three MLP
+``xshare/runtime/compiled/multistep.py``), rolled and unrolled, against the plain jit loop, for three MLP
 sizes and the zoo's small CNN. Per row: compile seconds, whether K single steps and one K-step
 call end bit-identical, and microseconds per step (median of ``--repeats``), plain loop = the
 user's ``jax.jit(step, donate_argnums=0)`` called once per step with numpy batches.
@@ -36,9 +36,9 @@ def _time(fn, repeats: int) -> float:
 
 
 def measure(name: str, make, ks: list[int], steps: int, repeats: int) -> list[dict]:
-    from xshare.runtime import multistep
-    from xshare.runtime.compiler import PROGRAMS
-    from xshare.runtime.multistep import Form, first_difference
+    from xshare.runtime.compiled import multistep
+    from xshare.runtime.compiled.compiler import PROGRAMS
+    from xshare.runtime.compiled.multistep import Form, first_difference
 
     spec = make()
     device = jax.devices()[0]

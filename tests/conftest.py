@@ -9,7 +9,7 @@ import pytest
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # The dispatcher's one-writer rule, checked: its parts assert they run on its thread
-# (xshare/runtime/dispatcher.py, DispatchConfig.debug_ownership).
+# (xshare/runtime/engine/dispatcher.py, RuntimeConfig.debug_ownership in xshare/runtime/config.py).
 os.environ.setdefault("XSHARE_DEBUG_OWNERSHIP", "1")
 # Every Runtime keeps XLA's persistent compilation cache (and the K-step verdicts beside it):
 # one per test session, shared by its processes, never the user's ~/.cache (a run must not

@@ -50,7 +50,7 @@ def qualname(cls: type) -> str:
 def test_the_walk_finds_the_known_errors():
     # The walk itself must work: it finds errors of the runtime, the FFI build, nnx and the zoo.
     names = {qualname(c) for c in exception_classes()}
-    assert {"xshare.runtime.eval_programs.EvalError", "xshare.nnx.NnxStepError",
+    assert {"xshare.runtime.compiled.eval_programs.EvalError", "xshare.nnx.NnxStepError",
             "xshare.ffi._build.BuildError", "xshare.models.common.HyperparameterError",
             "xshare._errors.SpecError"} <= names
 
@@ -71,10 +71,10 @@ def test_the_exemptions_are_still_base_exceptions_only():
 
 
 @pytest.mark.parametrize("cls, builtin", [
-    ("xshare.runtime.eval_programs.EvalError", ValueError),
+    ("xshare.runtime.compiled.eval_programs.EvalError", ValueError),
     ("xshare.nnx.NnxStepError", TypeError),
     ("xshare.ffi._build.BuildError", RuntimeError),
-    ("xshare.runtime.states.IllegalTransition", RuntimeError),
+    ("xshare.runtime.engine.states.IllegalTransition", RuntimeError),
     ("xshare.cli.top.fetch.NotAStatus", ValueError),
 ])
 def test_errors_keep_their_builtin_base(cls, builtin):

@@ -74,7 +74,7 @@ def test_top_without_a_runtime_says_so_and_imports_no_jax():
 
 def test_light_modules_stay_light():
     # What the CLI's top and spec parsing import: pure Python, whatever the runtime does.
-    code = ("import xshare.runtime.discovery, xshare.runtime.schema, xshare.runtime.server, "
+    code = ("import xshare.runtime.web.discovery, xshare.runtime.observe.schema, xshare.runtime.web.server, "
             "xshare.jobs, xshare.cli.spec, xshare.cli.top, xshare.sched, xshare._units, xshare._errors")
     proc, modules = imported(["-c", code])
     assert proc.returncode == 0, proc.stderr[-2000:]

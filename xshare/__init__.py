@@ -25,13 +25,13 @@ _LAZY: dict[str, str] = {
     # runtime
     "Runtime": "xshare.runtime.runtime", "JobHandle": "xshare.runtime.runtime",
     "run": "xshare.runtime.runtime",
-    "Progress": "xshare.runtime.records", "StepRecord": "xshare.runtime.records",
+    "Progress": "xshare.runtime.engine.records", "StepRecord": "xshare.runtime.engine.records",
     "POLICIES": "xshare.sched",
     # metric writers (TensorBoard; the protocol other trackers implement)
-    "Writer": "xshare.runtime.writers", "TensorBoardWriter": "xshare.runtime.writers",
+    "Writer": "xshare.runtime.observe.writers", "TensorBoardWriter": "xshare.runtime.observe.writers",
     # serving (xshare.serving.spec is pure Python; ModelHandle's module imports jax)
     "model": "xshare.serving.spec", "ModelSpec": "xshare.serving.spec", "InferError": "xshare.serving.spec",
-    "ModelHandle": "xshare.runtime.hub",
+    "ModelHandle": "xshare.runtime.deployed.hub",
     # memory
     "Footprint": "xshare.memory.footprint",
     # errors (pure Python)
@@ -84,15 +84,15 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; never executed
     from ._job import JobSpec as JobSpec
     from ._job import job as job
     from .memory.footprint import Footprint as Footprint
-    from .runtime.records import Progress as Progress
-    from .runtime.records import StepRecord as StepRecord
+    from .runtime.engine.records import Progress as Progress
+    from .runtime.engine.records import StepRecord as StepRecord
     from .runtime.runtime import JobHandle as JobHandle
     from .runtime.runtime import Runtime as Runtime
     from .runtime.runtime import run as run
-    from .runtime.hub import ModelHandle as ModelHandle
+    from .runtime.deployed.hub import ModelHandle as ModelHandle
     from .serving.spec import InferError as InferError
     from .serving.spec import ModelSpec as ModelSpec
     from .serving.spec import model as model
     from .sched import POLICIES as POLICIES
-    from .runtime.writers import TensorBoardWriter as TensorBoardWriter
-    from .runtime.writers import Writer as Writer
+    from .runtime.observe.writers import TensorBoardWriter as TensorBoardWriter
+    from .runtime.observe.writers import Writer as Writer

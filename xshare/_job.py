@@ -40,7 +40,7 @@ class JobSpec:
     # other objects than a pytree (``xshare.nnx`` rebuilds NNX modules) turn it back into them.
     # The runtime never calls it: it steps, swaps and checkpoints the plain pytree.
     result_transform: Callable[[Any], Any] | None = None
-    # Evaluation during training (``xshare/runtime/evaluation.py``): ``eval_step(state, batch)
+    # Evaluation during training (``xshare/runtime/engine/evaluation.py``): ``eval_step(state, batch)
     # -> metrics`` over every batch of ``eval_data`` every ``eval_every`` steps and at the end.
     eval_step: Callable[[Any, Any], Any] | None = None
     eval_data: Iterable[Any] | None = None
@@ -153,7 +153,7 @@ class Job:
             raise TypeError(f"data must be an iterable of batches or a callable step -> batch; got {type(data).__name__}")
         _refuse_nnx_objects(state)
         if eval_step is not None or eval_data is not None or eval_every is not None:
-            from .runtime.evaluation import check_eval
+            from .runtime.engine.evaluation import check_eval
             check_eval(state, eval_step, eval_data, eval_every)
         return JobSpec(
             job=self,

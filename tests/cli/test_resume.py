@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from xshare.models import mlp
-from xshare.runtime import checkpoint
+from xshare.runtime.observe import checkpoint
 from tests.helpers import assert_trees_equal, plain_loop
 
 STEPS = 1500

@@ -28,7 +28,8 @@ def test_the_two_commands_are_there_and_ci_runs_the_test_command():
 
 def test_the_layout_table_matches_the_package_tree():
     listed = set(re.findall(r"^\| `([^`]+)/` \|", README, flags=re.M))
-    packages = {p.parent.relative_to(REPO).as_posix() for p in (REPO / "xshare").glob("*/__init__.py")}
+    inits = [*(REPO / "xshare").glob("*/__init__.py"), *(REPO / "xshare" / "runtime").glob("*/__init__.py")]
+    packages = {p.parent.relative_to(REPO).as_posix() for p in inits}
     top = {"xshare", "models", "examples", "benchmarks", "docs", "tests"}
     assert packages | top == listed, (
         f"README's layout table lists {sorted(listed)}; the tree has {sorted(packages | top)}")

@@ -11,7 +11,7 @@ import pytest
 from xshare import FootprintUnknown
 from xshare.memory import device as memdev
 from xshare.memory.footprint import footprint_from_analysis
-from xshare.runtime.compiler import compile_step
+from xshare.runtime.compiled.compiler import compile_step
 from tests.helpers import heavy_data, heavy_state, heavy_step
 
 
@@ -54,7 +54,7 @@ def test_the_ledger_charges_staged_and_in_flight_batches():
         rt.wait()
         job = h._rec
     assert job.footprint.staging == (2 + 5) * batch_bytes
-    from xshare.runtime import fusion
+    from xshare.runtime.compiled import fusion
     assert fusion.pipeline_depth(8, 32, 64 << 20) == 8          # a huge stacked batch: a job's depth
     assert fusion.pipeline_depth(8, 32, 1 << 20) == 32          # small ones: the group's depth
 

@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-from xshare.runtime.discovery import clean_stale, discover
+from xshare.runtime.web.discovery import clean_stale, discover
 
 
 def test_stale_files_of_dead_processes_are_removed_live_ones_kept(tmp_path):

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import assert_trees_equal, plain_loop
-from xshare.runtime import checkpoint
+from xshare.runtime.observe import checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS, MARK_AT = 300, 60

@@ -18,7 +18,7 @@ import pytest
 
 import xshare
 from tests.helpers import assert_trees_equal, linreg_data, linreg_state, linreg_step, plain_loop
-from xshare.runtime import checkpoint, recorder
+from xshare.runtime.observe import checkpoint, recorder
 
 STEPS = 300
 GATE_AT = 100

@@ -131,7 +131,7 @@ def test_clients_that_hang_up_make_no_noise(served, caplog):
 
 
 def test_a_client_that_never_finishes_its_request_head_is_disconnected(monkeypatch):
-    from xshare.runtime import server
+    from xshare.runtime.web import server
 
     monkeypatch.setattr(server, "HEADER_TIMEOUT_S", 0.5)
     rt = xshare.Runtime(memory="64MiB", status_port=0)

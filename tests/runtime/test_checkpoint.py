@@ -6,7 +6,7 @@ import time
 
 
 import xshare
-from xshare.runtime import checkpoint
+from xshare.runtime.observe import checkpoint
 from tests.helpers import assert_trees_equal, linreg_data, linreg_state, linreg_step, plain_loop
 
 

@@ -161,7 +161,7 @@ def test_bind_refuses_bad_eval_arguments(kwargs, message):
 
 
 def test_fused_members_share_one_vmapped_evaluation(tmp_path):
-    from xshare.runtime import evaluation
+    from xshare.runtime.engine import evaluation
 
     def run(log):
         with xshare.Runtime(policy="pack", memory="256MiB", log_dir=log, fuse=True) as rt:
@@ -171,7 +171,7 @@ def test_fused_members_share_one_vmapped_evaluation(tmp_path):
 
     first = run(tmp_path / "a")  # (its vmapped eval compiles in the background meanwhile)
     import time
-    from xshare.runtime import eval_programs
+    from xshare.runtime.compiled import eval_programs
     futures = [f for p in eval_programs._MEMO[linreg_eval].values() for f in p._stacked.values()]
     deadline = time.monotonic() + 120
     while futures and not all(f.done() for f in futures) and time.monotonic() < deadline:

@@ -186,7 +186,7 @@ def test_fuse_is_off_by_default():
 
 
 def test_the_fusion_plan_groups_same_program_jobs_and_says_why_others_run_alone():
-    from xshare.runtime import fusion
+    from xshare.runtime.compiled import fusion
 
     def sgd(lr):
         def step(state, batch):
@@ -255,8 +255,8 @@ def test_slot_moves_give_the_same_stack_on_the_host_on_the_device_and_while_comp
     falls back to a host copy while those still compile: all three must agree exactly."""
     from concurrent.futures import Future
 
-    from xshare.runtime import fusion
-    from xshare.runtime.compiler import PROGRAMS
+    from xshare.runtime.compiled import fusion
+    from xshare.runtime.compiled.compiler import PROGRAMS
 
     device = jax.devices()[0]
     state, data = linreg_state(), linreg_data()
@@ -287,8 +287,8 @@ def test_a_process_that_exits_while_slot_moves_compile_exits_cleanly():
     script = textwrap.dedent("""
         import jax
         from tests.helpers import linreg_data, linreg_state, linreg_step
-        from xshare.runtime import fusion
-        from xshare.runtime.compiler import PROGRAMS
+        from xshare.runtime.compiled import fusion
+        from xshare.runtime.compiled.compiler import PROGRAMS
         device = jax.devices()[0]
         program = PROGRAMS.get(linreg_step, linreg_state(), linreg_data()(0), device=device,
                                fenced=False, compile=False)

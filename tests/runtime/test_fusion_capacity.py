@@ -129,7 +129,7 @@ def _baked(lr: float, dim: int, seed: int, data, steps=None, name=None) -> xshar
 
 
 def test_a_later_job_its_familys_program_covers_is_never_lowered_alone_and_computes_the_same(monkeypatch):
-    from xshare.runtime.compiler import PROGRAMS
+    from xshare.runtime.compiled.compiler import PROGRAMS
 
     dim, steps = 31, 300
     lrs = (0.01, 0.02, 0.03)
@@ -166,7 +166,7 @@ def test_a_later_job_its_familys_program_covers_is_never_lowered_alone_and_compu
 def test_a_covered_job_is_posted_before_a_new_shapes_job_of_its_call_is_lowered(monkeypatch):
     """A study's refill asks trials of two shapes at once: the one its family's group program
     already covers joins first; the other shape's lowering (and group compile) comes after."""
-    from xshare.runtime.compiler import PROGRAMS
+    from xshare.runtime.compiled.compiler import PROGRAMS
 
     dim, other = 37, 41
     first = [_baked(lr, dim, i, _slow(dim, i, 300), name=f"a{i}") for i, lr in enumerate((0.01, 0.02))]

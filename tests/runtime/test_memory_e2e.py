@@ -6,7 +6,7 @@ from __future__ import annotations
 import jax
 
 import xshare
-from xshare.runtime.compiler import compile_step
+from xshare.runtime.compiled.compiler import compile_step
 from tests.helpers import assert_trees_equal, heavy_data, heavy_state, heavy_step, plain_loop
 
 

@@ -1,4 +1,4 @@
-"""Several steps per executable call (runtime/multistep.py, tiers.py, multicall.py): a job moved
+"""Several steps per executable call (runtime/compiled/multistep.py, tiers.py, multicall.py): a job moved
 to its K-step program ends bit-identical to the plain loop, every step's metrics included, under
 every policy; a K-step form that is not bit-identical is never kept; boundaries bound K."""
 
@@ -13,8 +13,8 @@ from flax import nnx
 
 import xshare
 from xshare.models import cnn, digits, mlp, transformer
-from xshare.runtime import multistep
-from xshare.runtime.multistep import FORMS, Form
+from xshare.runtime.compiled import multistep
+from xshare.runtime.compiled.multistep import FORMS, Form
 from tests.helpers import assert_trees_equal, linreg_data, linreg_state, linreg_step, plain_loop
 from tests.users.harness import MULTI_STEPS, check_multistep
 
@@ -98,7 +98,7 @@ def test_a_form_that_is_not_bit_identical_is_never_kept(monkeypatch):
         return multistep.MultiStep(form=out.form, executable=perturbed, footprint=out.footprint,
                                    compile_s=out.compile_s)
 
-    from xshare.runtime.compiler import ProgramCache
+    from xshare.runtime.compiled.compiler import ProgramCache
 
     # A cache and verdicts of its own, so the real K-step program of this step (compiled by an
     # earlier test of the process) is neither used here nor replaced for the tests after it.
@@ -150,7 +150,7 @@ def test_steps_per_call_refuses_a_bad_value(bad):
 
 
 def test_the_forms_tried_fit_the_jobs_boundaries():
-    from xshare.runtime.tiers import Tiers
+    from xshare.runtime.engine.tiers import Tiers
 
     tiers = Tiers(device=None, submit=lambda fn: None, max_k=32, compile_estimate=lambda: None)
     assert tiers.forms(None) == list(FORMS)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import xshare
-from xshare.runtime import checkpoint, checkpoint_msgpack
+from xshare.runtime.observe import checkpoint, checkpoint_msgpack
 from tests.helpers import assert_trees_equal, linreg_data, linreg_state, linreg_step, plain_loop
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import jax.numpy as jnp
 
 import xshare
-from xshare.runtime.compiler import PROGRAMS
+from xshare.runtime.compiled.compiler import PROGRAMS
 from tests.helpers import assert_trees_equal, linreg_data, linreg_state, plain_loop
 
 

@@ -101,7 +101,7 @@ def test_swap_to_host_and_checkpoint_resume_keep_keys_exact(tmp_path):
         rt.wait()
     _keys_equal(h.result()[0], _plain(spec.state, 40))
     # A fresh runtime resumes the finished job's checkpoint (key data and impl) exactly.
-    from xshare.runtime import checkpoint
+    from xshare.runtime.observe import checkpoint
     saved = checkpoint.load(tmp_path / "ck" / checkpoint.FILENAME, spec.state, job="ck")
     assert saved.done and jax.random.key_impl(saved.state["key"]) == "rbg"
     _keys_equal(saved.state, _plain(spec.state, 40))

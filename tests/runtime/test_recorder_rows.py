@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from xshare.runtime.recorder import Recorder
+from xshare.runtime.observe.recorder import Recorder
 
 
 def test_a_batch_of_rows_is_on_disk_before_the_job_ends(tmp_path):

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from xshare.runtime.states import LIVE, TERMINAL, Event, IllegalTransition, JobState, allowed, transition
+from xshare.runtime.engine.states import LIVE, TERMINAL, Event, IllegalTransition, JobState, allowed, transition
 
 S, E = JobState, Event
 
@@ -65,5 +65,5 @@ def test_a_swapped_job_shows_as_paused_to_users():
 
 
 def test_the_state_machine_imports_no_jax():
-    code = "import sys, xshare.runtime.states; assert 'jax' not in sys.modules, 'jax imported'"
+    code = "import sys, xshare.runtime.engine.states; assert 'jax' not in sys.modules, 'jax imported'"
     subprocess.run([sys.executable, "-c", code], check=True)

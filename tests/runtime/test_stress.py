@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import xshare
-from xshare.runtime.schema import validate
+from xshare.runtime.observe.schema import validate
 
 
 @xshare.job

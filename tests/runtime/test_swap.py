@@ -8,8 +8,8 @@ import time
 import jax
 
 import xshare
-from xshare.runtime.states import JobState
-from xshare.runtime.compiler import compile_step
+from xshare.runtime.engine.states import JobState
+from xshare.runtime.compiled.compiler import compile_step
 from tests.helpers import assert_trees_equal, heavy_data, heavy_state, heavy_step, plain_loop
 
 

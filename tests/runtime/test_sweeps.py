@@ -19,7 +19,7 @@ from flax.training import train_state
 
 import xshare
 from tests.helpers import assert_trees_equal
-from xshare.runtime.compiler import PROGRAMS
+from xshare.runtime.compiled.compiler import PROGRAMS
 
 TOL = 1e-4
 

@@ -13,7 +13,7 @@ import pytest
 
 import xshare
 from xshare.cli.main import main
-from xshare.runtime import writers
+from xshare.runtime.observe import writers
 from tests.cli.test_spec import fac, write_spec  # noqa: F401  (fac is a fixture)
 from tests.helpers import linreg_data, linreg_state, linreg_step
 

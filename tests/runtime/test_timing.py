@@ -8,7 +8,7 @@ from collections import deque
 import numpy as np
 import pytest
 
-from xshare.runtime import timing
+from xshare.runtime.observe import timing
 
 _EVENT = np.dtype([("seq", "u8"), ("t_ns", "i8"), ("job", "i4"), ("lane", "i4"), ("kind", "i4")])
 

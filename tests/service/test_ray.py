@@ -12,7 +12,7 @@ import pytest
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'xshare[ray]')")
 
 import xshare  # noqa: E402
-from xshare.runtime import checkpoint  # noqa: E402
+from xshare.runtime.observe import checkpoint  # noqa: E402
 from xshare.jobs.request import JobRequest  # noqa: E402
 from xshare.service.ray_actors import run_sweep  # noqa: E402
 

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 
 import xshare
-from xshare.runtime import checkpoint
+from xshare.runtime.observe import checkpoint
 from xshare.jobs import JobRequest, plan_target, requests_from_plan
 
 from .conftest import TINY, Served

@@ -81,7 +81,7 @@ def test_models_deploy_and_undeploy_while_requests_flow(served):
             load.thread.join(0.05)
     assert load.wrong == [] and load.errors == []
     s = served.snapshot()
-    from xshare.runtime import schema as status_mod
+    from xshare.runtime.observe import schema as status_mod
 
     assert status_mod.validate(s) == []
     assert [m["name"] for m in s["models"]] == ["mlp", "affine"]

@@ -171,7 +171,7 @@ def test_refusals_map_to_grpc_status_codes_and_the_models_serve_on(both, gclient
 
 
 def test_a_missing_extra_is_named(monkeypatch):
-    from xshare.runtime.grpc_server import require_grpc
+    from xshare.runtime.web.grpc_server import require_grpc
 
     monkeypatch.setitem(sys.modules, "grpc", None)  # as if grpcio were not installed
     with pytest.raises(xshare.XShareError, match=r"pip install 'xshare\[grpc\]'"):

@@ -287,7 +287,7 @@ def test_models_of_one_architecture_share_executables_and_answer_with_their_own_
     # executables, so models that lower to the same program (other params) share them.
     import gc
 
-    from xshare.runtime import models
+    from xshare.runtime.deployed import models
 
     other = {k: (v * 2 + 1).astype(np.float32) for k, v in mlp_params().items()}
     a = served.deploy(mlp_spec(name="twin-a"))
@@ -315,7 +315,7 @@ def test_models_of_one_architecture_share_executables_and_answer_with_their_own_
 def test_the_dispatcher_looks_only_at_models_with_requests_waiting(served, monkeypatch):
     # serve_due runs between every two training steps: with many models resident and idle it
     # must not visit each one (1024 idle models cost 30 us per step before this).
-    from xshare.runtime import models
+    from xshare.runtime.deployed import models
 
     looked: list[str] = []
     real = models.Deployed.due_at

@@ -61,8 +61,8 @@ def test_versions_are_routed_and_the_default_is_the_highest_ready(both):
             h.get_model_metadata("ver", model_version="3")
         stats = h.get_inference_statistics("ver")["model_stats"]  # a name's: each version's
         assert [(s["version"], s["inference_count"]) for s in stats] == [("1", 2), ("2", 4)]
-        from xshare.runtime import metrics
-        from xshare.runtime.schema import validate
+        from xshare.runtime.observe import metrics
+        from xshare.runtime.observe.schema import validate
 
         doc = both.snapshot()  # /status and /metrics tell the versions apart
         assert validate(doc) == [] and sorted((m["name"], m["version"]) for m in doc["models"] if m["name"] == "ver") \

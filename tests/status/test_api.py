@@ -17,9 +17,9 @@ from urllib.parse import quote
 
 import pytest
 
-from xshare.runtime import server as server_mod
-from xshare.runtime import schema as status_mod
-from xshare.runtime.server import MAX_BODY_BYTES, discover
+from xshare.runtime.web import server as server_mod
+from xshare.runtime.observe import schema as status_mod
+from xshare.runtime.web.server import MAX_BODY_BYTES, discover
 
 from tests.status import ODD, get_status, job_row, request, runtime_dir, serving, wait_for  # noqa: F401
 
@@ -159,7 +159,7 @@ def test_metrics_is_prometheus_text_with_the_expected_names(runtime_dir):
 
 
 def test_prometheus_escapes_labels_and_omits_unknown_values():
-    from xshare.runtime.metrics import exposition
+    from xshare.runtime.observe.metrics import exposition
 
     doc = _document(name='a"b\\c\nd', metrics={"loss": float("nan"), "acc": None})
     text = exposition(doc).decode()
@@ -171,7 +171,7 @@ def test_prometheus_escapes_labels_and_omits_unknown_values():
 
 
 def test_step_times_are_a_histogram_when_the_document_has_buckets():
-    from xshare.runtime.metrics import exposition
+    from xshare.runtime.observe.metrics import exposition
 
     hist = {"bounds_s": [0.001, 0.01], "counts": [3, 1, 2], "sum_s": 0.5, "count": 6}
     fam = parse_prometheus(exposition(_document(step_time_histogram=hist)).decode())["xshare_job_step_seconds"]

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import jax
 
-from xshare.runtime import nvml
-from xshare.runtime.schema import validate
+from xshare.runtime.observe import nvml
+from xshare.runtime.observe.schema import validate
 
 from tests.status import runtime_dir, serving  # noqa: F401
 

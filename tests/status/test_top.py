@@ -16,7 +16,7 @@ import pytest
 import xshare
 from xshare.cli.main import main
 from xshare.cli.top import KeyReader
-from xshare.runtime import schema as status_mod
+from xshare.runtime.observe import schema as status_mod
 
 from tests.status import REPO, ODD, job_row, runtime_dir, serving, wait_for  # noqa: F401
 

@@ -13,7 +13,7 @@ optuna = pytest.importorskip("optuna")
 
 import xshare  # noqa: E402
 import xshare.tune  # noqa: E402
-from xshare.runtime.compiler import PROGRAMS  # noqa: E402 - what Runtime.compiles reads
+from xshare.runtime.compiled.compiler import PROGRAMS  # noqa: E402 - what Runtime.compiles reads
 from tests.helpers import linreg_data  # noqa: E402
 
 STEPS, TRIALS, CONCURRENCY = 60, 16, 4

@@ -115,7 +115,7 @@ def allocator_section() -> tuple[dict, list[Check]]:
 def cache_section() -> tuple[dict, list[Check]]:
     import jax
 
-    from ..runtime.compiler import persistent_cache_dir
+    from ..runtime.compiled.compiler import persistent_cache_dir
 
     directory = Path(persistent_cache_dir())
     files = [p for p in directory.rglob("*") if p.is_file()] if directory.is_dir() else []

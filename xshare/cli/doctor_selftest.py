@@ -133,7 +133,7 @@ def check_memory(quick: bool) -> Result:
 
     from ..memory.footprint import footprint_from_analysis
     from ..memory.plausible import above_measured
-    from ..runtime.program import tree_nbytes
+    from ..runtime.compiled.program import tree_nbytes
 
     device = jax.devices()[0]
     zoo = [("mlp", lambda: mlp.make_job(width=WIDTH if quick else 128, steps=3))]
@@ -212,7 +212,7 @@ def check_arena(quick: bool) -> Result:
                       None if device.platform == "cpu" else "no bytes_limit: pass Runtime(memory=...)", figures)
     settings = {s["name"]: s for s in preallocation_settings()}
     fraction = float(settings["XLA_CLIENT_MEM_FRACTION"]["value"])
-    from ..runtime.nvml import LIBRARY, nvml_index
+    from ..runtime.observe.nvml import LIBRARY, nvml_index
 
     index = nvml_index(device)
     nv = LIBRARY.query(index) if index is not None else None

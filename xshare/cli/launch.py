@@ -144,7 +144,7 @@ def _launch(args: argparse.Namespace) -> int:
 def _print_fusion(jobs: list[Any], out: Any) -> None:
     """The fused groups the run would form, and why each other job would run alone (lowers
     every job's step: this imports jax, which a plain dry run does not)."""
-    from xshare.runtime import fusion
+    from xshare.runtime.compiled import fusion
 
     report = fusion.plan(jobs)
     for i, names in enumerate(report.groups):
@@ -208,15 +208,15 @@ def _run(plan: Any, jobs: list[Any], run_dir: Path, out: Any, args: argparse.Nam
     )
     start = time.monotonic()
     # XLA's persistent compilation cache: a relaunch of the same sweep compiles nothing.
-    from xshare.runtime.compiler import enable_persistent_cache
-    from xshare.runtime.discovery import clean_stale
+    from xshare.runtime.compiled.compiler import enable_persistent_cache
+    from xshare.runtime.web.discovery import clean_stale
     cache_dir = enable_persistent_cache()
     clean_stale()  # discovery files of launches that were killed (SIGKILL leaves its file)
     _interrupted()
     try:
         # checkpoint_dir given: every job checkpoints when it ends and on stop(), so
         # --checkpoint-every 0 ("only on exit") still leaves something to resume from.
-        from xshare.runtime import writers  # TensorBoard event files when the extra is there
+        from xshare.runtime.observe import writers  # TensorBoard event files when the extra is there
         rt = xshare.Runtime(
             **rt_opts.as_kwargs(), log_dir=str(run_dir), checkpoint_dir=str(run_dir),
             checkpoint_every=args.checkpoint_every or None, resume=resume, writers=writers.defaults(),

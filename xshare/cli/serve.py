@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     if args.grpc_port is not None:
         if not 0 <= args.grpc_port <= 65535:
             return _usage(f"--grpc-port {args.grpc_port} must be in 0..65535 (0 picks a free port)")
-        from xshare.runtime.grpc_server import require_grpc
+        from xshare.runtime.web.grpc_server import require_grpc
         try:  # before anything starts: a missing extra is a usage error naming it
             require_grpc()
         except XShareError as err:
@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
 
     for sig in (signal.SIGINT, signal.SIGTERM):  # before the runtime: no signal is lost while it starts
         old[sig] = signal.signal(sig, on_signal)
-    from xshare.runtime.compiler import enable_persistent_cache
+    from xshare.runtime.compiled.compiler import enable_persistent_cache
     from xshare.service.service import ANNOUNCE, Service
 
     enable_persistent_cache()

@@ -196,10 +196,10 @@ def _study(plan: Any, run_dir: Path, args: argparse.Namespace) -> int:
         if code != EXIT_USAGE:
             _report(study, out, run_dir, time.monotonic() - start)
         return EXIT_JOB_FAILED if code == EXIT_OK and _best(study) is None else code
-    from xshare.runtime.compiler import enable_persistent_cache
+    from xshare.runtime.compiled.compiler import enable_persistent_cache
     enable_persistent_cache()
     # (group_capacity: one fused group program per model shape, as optimize's own runtime has)
-    from xshare.runtime import writers  # TensorBoard event files when the extra is there
+    from xshare.runtime.observe import writers  # TensorBoard event files when the extra is there
     rt = xshare.Runtime(**plan.runtime.as_kwargs(), log_dir=str(run_dir), writers=writers.defaults(),
                         group_capacity=t.concurrency or DEFAULT_CONCURRENCY,
                         status_port=None if args.status_port < 0 else args.status_port)

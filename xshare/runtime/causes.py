@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from .._errors import error_line
-from .records import JobRecord
+from .engine.records import JobRecord
 
 
 def dispatch_error(job: JobRecord, step: int, batch: Any, err: Exception) -> str:

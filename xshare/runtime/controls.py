@@ -1,13 +1,13 @@
 """What callers do to submitted jobs: find their handles, pause, resume, cancel, reprioritize.
 A part of ``Runtime`` (its tables: ``_lock``, ``_handles``, ``_by_name``). Every control is an
 event applied on the dispatcher thread between two steps (``Dispatcher.call``), the only writer
-of a job's run-time state; the caller waits for it to be applied.
+of a job's run-time state; the caller waits for it to be applied. The controls are typed,
+frozen messages (``engine/events.py``), not method names.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
+from .engine.events import Cancel, Control, Pause, Resume, SetPriority
 from .handle import JobHandle
 
 
@@ -41,15 +41,15 @@ class Controls:
         the arena, so a queued job can be admitted in its place. ``resume`` moves it back as
         soon as its lane has room again; the job's results are unchanged by the round trip.
         """
-        self._control("pause", job, bool(offload))
+        self._control(Pause(self.handle(job)._rec, bool(offload)))
 
     def resume(self, job: str | int | JobHandle) -> None:
         """Let a paused job step again (after its state is back on the device, if offloaded)."""
-        self._control("resume", job)
+        self._control(Resume(self.handle(job)._rec))
 
     def cancel(self, job: str | int | JobHandle) -> None:
         """End the job after its in-flight steps; its memory goes to the next queued job."""
-        self._control("cancel", job)
+        self._control(Cancel(self.handle(job)._rec))
 
     def set_priority(self, job: str | int | JobHandle, priority: int) -> None:
         """Change a job's priority (larger runs first under ``priority``; ties by arrival).
@@ -59,8 +59,7 @@ class Controls:
         """
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise ValueError(f"priority={priority!r} must be an int")
-        self._control("set_priority", job, priority)
+        self._control(SetPriority(self.handle(job)._rec, priority))
 
-    def _control(self, what: str, job: Any, *args: Any) -> None:
-        rec = self.handle(job)._rec
-        self._dispatcher.call(getattr(self._dispatcher, what), rec, *args)
+    def _control(self, event: Control) -> None:
+        self._dispatcher.call(self._dispatcher.control, event)

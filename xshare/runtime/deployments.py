@@ -34,8 +34,8 @@ class Deployments:
           TypeError: ``spec`` is not from ``xshare.model``.
         """
         from ..serving.spec import ModelSpec
-        from .hub import Hub, ModelHandle
-        from .models import Deployed
+        from .deployed.hub import Hub, ModelHandle
+        from .deployed.models import Deployed
 
         if not isinstance(spec, ModelSpec):
             raise TypeError(f"deploy takes a model spec from xshare.model(predict, params, inputs=...); "
@@ -81,7 +81,7 @@ class Deployments:
     @property
     def models(self) -> dict[str, Any]:
         """The deployed models' handles, by name (each follows its name's default version)."""
-        from .hub import ModelHandle
+        from .deployed.hub import ModelHandle
 
         hub = self._dispatcher.serving if self._dispatcher is not None else None
         return {} if hub is None else {n: ModelHandle(self, v[0], pinned=False) for n, v in hub.by_name.items()}
@@ -89,7 +89,7 @@ class Deployments:
     def model(self, name: str, version: int | None = None) -> Any:
         """A deployed model's handle: ``version``, or (None) whichever version is the name's
         default at each call, the highest ready one. ``KeyError`` naming what is deployed otherwise."""
-        from .hub import ModelHandle
+        from .deployed.hub import ModelHandle
 
         hub = self._dispatcher.serving if self._dispatcher is not None else None
         versions = hub.by_name.get(name, ()) if hub is not None else ()
@@ -105,7 +105,7 @@ class Deployments:
 
     def model_versions(self, name: str) -> list[Any]:
         """Each deployed version of ``name`` (lowest first), as handles of that version."""
-        from .hub import ModelHandle
+        from .deployed.hub import ModelHandle
 
         hub = self._dispatcher.serving if self._dispatcher is not None else None
         return [ModelHandle(self, m) for m in reversed(hub.by_name.get(name, ()) if hub is not None else ())]

@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from .._errors import AdmissionError, JobCancelled, JobFailed
-from .records import JobRecord, Progress, now_s
-from .states import JobState
+from .engine.records import JobRecord, Progress, now_s
+from .engine.states import JobState
 
 
 class JobHandle:

@@ -14,14 +14,16 @@ import logging
 from typing import Any
 
 from ..sched.capacity import open_capacity, opens_alone
-from . import checkpoint, evaluation, fusion, lifting
+from .observe import checkpoint
+from .engine import evaluation
+from .compiled import fusion, lifting
 from .causes import short_error
-from .compiler import PROGRAMS
-from .leaves import layout_of, promoted
-from .records import JobRecord, Prepared
-from .recorder import job_dir
-from .source import END, BatchSource
-from .sweeps import Choice
+from .compiled.compiler import PROGRAMS
+from .compiled.leaves import layout_of, promoted
+from .engine.records import JobRecord, Prepared
+from .observe.recorder import job_dir
+from .engine.source import END, BatchSource
+from .compiled.sweeps import Choice
 
 log = logging.getLogger("xshare.runtime")
 
@@ -53,7 +55,7 @@ class Preparation:
         post = self._dispatcher.post
         try:
             _, batch_layout = layout_of(first)
-            covered = self._covering(spec, first) if self.fuse else None
+            covered = self._covering(spec, first) if self.config.fuse else None
             if covered is not None:
                 choice, promote = covered
                 program = choice.program
@@ -62,7 +64,7 @@ class Preparation:
             else:
                 # Fused: lowered and keyed only (the group compiles its own vmapped program).
                 choice, program = None, PROGRAMS.get(spec.job, spec.state, first, device=self.device,
-                                                     fenced=self._ring is not None, compile=not self.fuse)
+                                                     fenced=self._ring is not None, compile=not self.config.fuse)
                 promote = program.promoted
             if promote:  # Python numbers the step changes are carried as arrays
                 spec = spec.replace(state=promoted(spec.state, promote))
@@ -84,7 +86,7 @@ class Preparation:
         source, first batch)``, or None if it already ended (its end is posted)."""
         spec, post, restored = job.spec, self._dispatcher.post, None
         try:
-            saved = self._restore(job) if self._resume else None
+            saved = self._restore(job) if self.config.resume else None
         except Exception as err:  # noqa: BLE001 - a broken checkpoint fails its job alone
             post(self._dispatcher.fail_now, job, f"could not resume from its checkpoint: {short_error(err)}", err)
             return None
@@ -97,7 +99,7 @@ class Preparation:
                 return None
             if saved is not None:
                 spec, restored = spec.replace(state=saved.state, start_step=saved.step), saved.metrics
-            self.recorder.open(job, resume_from=spec.start_step if self._resume else None)
+            self.recorder.open(job, resume_from=spec.start_step if self.config.resume else None)
             source = BatchSource(spec.data, start=spec.start_step, stop=spec.steps,
                                  data_state=saved.data_state if saved is not None else None)
             first = source.peek()
@@ -176,7 +178,7 @@ class Preparation:
             # Under a floor every group of the program has the floor's capacity, so once the
             # first is compiled this is a cache hit, however few trials a refill submits.
             prep = _chosen(prep, choice, together[program.key])
-            if opens_alone(prep.fuse_hint, 0, choice.shared, self.group_capacity) or choice.peers >= 2:
+            if opens_alone(prep.fuse_hint, 0, choice.shared, self.config.group_capacity) or choice.peers >= 2:
                 fused.append((job, prep, True))
             else:
                 alone.append((job, prep, False))
@@ -192,16 +194,16 @@ class Preparation:
             key = prep.program.key
             first.setdefault(key, i)
             if key not in ready:
-                ready[key] = fusion.cached(prep.program, open_capacity(prep.fuse_hint, self.group_capacity),
-                                           fenced=fenced, **fusion.staging(self))
+                ready[key] = fusion.cached(prep.program, open_capacity(prep.fuse_hint, self.config.group_capacity),
+                                           fenced=fenced, **self.config.staging)
         fused.sort(key=lambda item: (not ready[item[1].program.key], first[item[1].program.key]))
         for job, prep, fuses in fused + alone:
             try:
                 if not fuses:
                     prep.program.ensure()  # alone in its family: it runs its solo program
                 else:
-                    fusion.fused_program(prep.program, open_capacity(prep.fuse_hint, self.group_capacity),
-                                         self.device, fenced=fenced, **fusion.staging(self))
+                    fusion.fused_program(prep.program, open_capacity(prep.fuse_hint, self.config.group_capacity),
+                                         self.device, fenced=fenced, **self.config.staging)
             except Exception as err:  # noqa: BLE001
                 self._dispatcher.post(self._dispatcher.fail_now, job,
                                       f"could not compile its step: {short_error(err)}", err)
@@ -213,17 +215,17 @@ class Preparation:
         join or open is compiled already (a study's refill trial: it waits for no other trial of
         its submit call to be traced). False: it goes through the batch's choice below."""
         choice = prep.choice
-        if choice is None or self.group_capacity is None or not choice.shared:
+        if choice is None or self.config.group_capacity is None or not choice.shared:
             return False  # (whether it fuses, and at what capacity, is decided with the batch)
-        if not fusion.cached(choice.program, open_capacity(1, self.group_capacity), fenced=fenced,
-                             **fusion.staging(self)):
+        if not fusion.cached(choice.program, open_capacity(1, self.config.group_capacity), fenced=fenced,
+                             **self.config.staging):
             return False
         self._dispatcher.post(self._dispatcher.compiled, job, _chosen(prep, choice, 1))
         return True
 
     def _restore(self, job: JobRecord) -> checkpoint.Checkpoint | None:
         """``job``'s checkpoint (its step, state and metrics to continue from), if any."""
-        return checkpoint.load(checkpoint.path_for(self.checkpoint_dir, job_dir(job.name)),
+        return checkpoint.load(checkpoint.path_for(self.config.checkpoint_dir, job_dir(job.name)),
                                job.spec.state, job=job.name)
 
 

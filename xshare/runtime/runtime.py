@@ -33,20 +33,20 @@ from .._job import JobSpec
 from .._units import format_bytes
 from ..memory import Arena
 from ..memory.device import arena_capacity, configure_preallocation
-from .compiler import PROGRAMS
-from . import fusion
-from .dispatcher import DispatchConfig, Dispatcher, debug_ownership_default
+from .compiled.compiler import PROGRAMS
+from .config import RuntimeConfig
+from .engine.dispatcher import Dispatcher, debug_ownership_default
 from .handle import JobHandle
-from .recorder import Recorder, check_name, job_dir
-from .writers import resolve as resolve_writers
+from .observe.recorder import Recorder, check_name, job_dir
+from .observe.writers import resolve as resolve_writers
 from .controls import Controls
 from .deployments import Deployments
 from .prepare import Preparation
-from .records import JobRecord, Progress, StepRecord, now_s
-from .source import LazyFeeder
-from .sweeps import Sweeps
-from .states import Event
-from .timing import Timeline
+from .engine.records import JobRecord, Progress, StepRecord, now_s
+from .engine.source import LazyFeeder
+from .compiled.sweeps import Sweeps
+from .engine.states import Event
+from .observe.timing import Timeline
 
 log = logging.getLogger("xshare.runtime")
 
@@ -133,51 +133,22 @@ class Runtime(Preparation, Deployments, Controls):
                  steps_per_call: int | str = "auto", compilation_cache: bool | str | os.PathLike = True,
                  checkpoint_keep: int = 3, writers: Sequence[str | Callable[[Path], Any]] = ()):
         self.policy = sched.get_policy(policy)
+        self.config = config = RuntimeConfig.of(
+            self.policy, quantum=quantum, slots=slots, prefetch=prefetch, dispatch_ahead=dispatch_ahead,
+            compile_workers=compile_workers, log_dir=log_dir, checkpoint_dir=checkpoint_dir,
+            checkpoint_every=checkpoint_every, checkpoint_keep=checkpoint_keep, resume=resume, fuse=fuse,
+            group_capacity=group_capacity, steps_per_call=steps_per_call, writers=writers,
+            debug_ownership=debug_ownership_default())
+        factories = resolve_writers(writers)
         self.compilation_cache = _compilation_cache(compilation_cache)
         if self.compilation_cache is not None:
-            from .multistep import VERDICTS
+            from .compiled.multistep import VERDICTS
             VERDICTS.persist(self.compilation_cache)
-        group_ahead = dispatch_ahead
-        max_k = _steps_per_call(steps_per_call)
-        if dispatch_ahead is None:
-            responsive = bool(getattr(self.policy, "preemptive", False))
-            dispatch_ahead = 1 if responsive else 8
-            # Throughput policies keep a fusion group's pipeline deeper (Dispatcher._group_depth).
-            group_ahead = dispatch_ahead if responsive else fusion.GROUP_AHEAD
-        for name, value, low in (("quantum", quantum, 1), ("prefetch", prefetch, 1),
-                                 ("dispatch_ahead", dispatch_ahead, 0), ("slots", slots, 1),
-                                 ("compile_workers", compile_workers, 1)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ValueError(f"{name}={value!r} must be an int >= {low}")
-        if group_capacity is not None and (not isinstance(group_capacity, int) or isinstance(group_capacity, bool)
-                                           or group_capacity < 1):
-            raise ValueError(f"group_capacity={group_capacity!r} must be an int >= 1 (slots per fused group), or None")
-        if not isinstance(checkpoint_keep, int) or isinstance(checkpoint_keep, bool) or checkpoint_keep < 1:
-            raise ValueError(f"checkpoint_keep={checkpoint_keep!r} must be an int >= 1 (checkpoints kept per job)")
-        if checkpoint_every is not None and (not isinstance(checkpoint_every, int) or checkpoint_every < 1):
-            raise ValueError(f"checkpoint_every={checkpoint_every!r} must be an int >= 1 (steps), or None")
-        factories = resolve_writers(writers)
-        if factories and log_dir is None:
-            raise ValueError(f"writers={list(writers)!r} need a log_dir (each job's writer writes under "
-                             "log_dir/<job>/)")
-        ckpt = checkpoint_dir if checkpoint_dir is not None else log_dir
-        if (checkpoint_every is not None or resume) and ckpt is None:
-            raise ValueError("checkpoint_every/resume need a checkpoint_dir (or log_dir) to keep checkpoints in")
         # GPU preallocation must be configured before the backend starts (DESIGN: memory model).
         configure_preallocation()
         self.device = device if device is not None else jax.devices()[0]
         capacity, self.capacity_source = arena_capacity(memory, self.device)
         self.arena = Arena(capacity, max_lanes=max_lanes)
-        self.quantum, self.slots, self.prefetch, self.dispatch_ahead = quantum, slots, prefetch, dispatch_ahead
-        # (the compile pool sizes fused programs' staging with these, as the dispatcher does)
-        self.ahead, self.group_ahead = dispatch_ahead, group_ahead
-        self.log_dir = Path(log_dir) if log_dir is not None else None
-        # An explicit checkpoint_dir means checkpoints at each job's end and on stop() even
-        # without checkpoint_every (launch --checkpoint-every 0: "only on exit").
-        self.checkpoint_dir = (Path(ckpt) if ckpt is not None and (checkpoint_every or resume
-                                                                   or checkpoint_dir is not None) else None)
-        self.checkpoint_every = checkpoint_every
-        self._resume = resume
         use_fences = _fences_wanted(fences, self.device)
         self._ring = ffi.open_ring() if use_fences else None
         self.t0 = now_s()
@@ -192,9 +163,7 @@ class Runtime(Preparation, Deployments, Controls):
         self._end_listeners: list[Callable[[JobRecord], None]] = []
         self._closed = False
         self.timeline_ = Timeline(self._ring, self._unit)
-        self.fuse = bool(fuse)
-        self.group_capacity = group_capacity if self.fuse else None  # (the compile pool's copy)
-        self.recorder = Recorder(log_dir=self.log_dir, checkpoint_dir=self.checkpoint_dir, t0=self.t0,
+        self.recorder = Recorder(log_dir=config.log_dir, checkpoint_dir=config.checkpoint_dir, t0=self.t0,
                                  tick=self.timeline_.drain if self._ring is not None else None,
                                  checkpoint_keep=checkpoint_keep, writers=factories)
         # (the feeder's lambda reads the dispatcher when a batch is ready, after it exists)
@@ -202,13 +171,7 @@ class Runtime(Preparation, Deployments, Controls):
         self._dispatcher: Dispatcher = Dispatcher(
             policy=self.policy, arena=self.arena, device=self.device, feeder=self.feeder,
             recorder=self.recorder, timeline=self.timeline_, ring=self._ring, t0=self.t0,
-            on_end=self._job_ended, config=DispatchConfig(
-                quantum=quantum, slots=slots, dispatch_ahead=dispatch_ahead, group_ahead=group_ahead,
-                prefetch=prefetch, checkpoint_every=checkpoint_every, checkpoint_dir=self.checkpoint_dir,
-                capacity_source=self.capacity_source, fuse=self.fuse, group_capacity=self.group_capacity,
-                ids=self._ids, steps_per_call=max_k, steps_forced=steps_per_call != "auto",
-                preemptive=bool(getattr(self.policy, "preemptive", False)),
-                debug_ownership=debug_ownership_default()),
+            on_end=self._job_ended, config=config, capacity_source=self.capacity_source, ids=self._ids,
             submit=lambda fn: self._tier_pool.submit(fn),
             # a K-step program not in the persistent cache costs a compile: at least what one
             # typically costs (a process whose programs all came from the cache measured only
@@ -222,8 +185,8 @@ class Runtime(Preparation, Deployments, Controls):
         self._tier_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="xshare-tiers")
         self.status_server = self.grpc_server = None
         if status_port is not None or grpc_port is not None:
-            from .grpc_server import GrpcServer
-            from .server import StatusServer
+            from .web.grpc_server import GrpcServer
+            from .web.server import StatusServer
             try:
                 if status_port is not None:
                     self.status_server = StatusServer(self, host=status_host, port=status_port)
@@ -312,7 +275,7 @@ class Runtime(Preparation, Deployments, Controls):
                 self._handles[job.id] = handle
                 self._by_name[spec.name] = handle
                 jobs.append(job)
-        if self.fuse:
+        if self.config.fuse:
             # Jobs of one step function are prepared together: their programs are chosen
             # together (a sweep over constants becomes one lifted program).
             by_code: dict = {}
@@ -330,7 +293,7 @@ class Runtime(Preparation, Deployments, Controls):
         would run alone (a different shape at ``params.Dense_0.kernel``, a constant that decides
         control flow, a host callback): ``FusionPlan(groups, alone)``. Programs are lowered
         and keyed as ``submit`` would, but nothing is compiled or run."""
-        from .sweeps import explain
+        from .compiled.sweeps import explain
 
         return explain(list(specs), self.device)
 
@@ -370,7 +333,7 @@ class Runtime(Preparation, Deployments, Controls):
     def snapshot(self) -> dict[str, Any]:
         """The runtime's state as one JSON-ready dict (``"schema": "xshare.status/v1"``): what
         ``/status``, ``/metrics`` and ``xshare top`` show. Reads without stopping the dispatcher."""
-        from .snapshot import snapshot
+        from .observe.snapshot import snapshot
         return snapshot(self)
 
     def stop(self, *, checkpoint: bool = True, timeout: float | None = 60.0) -> list[str]:
@@ -414,7 +377,7 @@ class Runtime(Preparation, Deployments, Controls):
             self._dispatcher.serving.close()
         for job in self._all.values():  # anything the dispatcher never saw (compiling)
             if not job.terminal:
-                self._dispatcher._finalize(job, Event.CANCEL)
+                self._dispatcher.life.end(job, Event.CANCEL)
         self.feeder.close()
         self.recorder.close()
         if self._ring is not None:
@@ -514,24 +477,10 @@ def run(specs: Iterable[JobSpec], *, policy: str = "pack", memory: int | str | N
 __all__ = ["Runtime", "JobHandle", "run", "Progress", "format_bytes"]
 
 
-def _steps_per_call(value: int | str) -> int:
-    """``Runtime(steps_per_call=...)``: "auto" (the runtime promotes jobs to K-step programs
-    where they pay, K up to ``sched.steps.MAX_STEPS_PER_CALL``), or an int cap (1: one step per
-    call, as a plain loop)."""
-    from ..sched.steps import MAX_STEPS_PER_CALL, pow2_floor
-
-    if value == "auto":
-        return MAX_STEPS_PER_CALL
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"steps_per_call={value!r} must be 'auto' or an int >= 1 (1: one step per "
-                         "executable call)")
-    return pow2_floor(value)
-
-
 def _compilation_cache(value: bool | str | os.PathLike) -> str | None:
     """``Runtime(compilation_cache=...)``: turn on JAX's persistent compilation cache (see the
     argument's docs); the directory in use, or None."""
-    from .compiler import enable_persistent_cache
+    from .compiled.compiler import enable_persistent_cache
 
     if value is False:
         return None

@@ -1,7 +1,7 @@
 """Fusion-group capacity: how many slots a group opens with, whether a lone job opens one,
 and whether a group that lost members is repacked into a smaller program.
 
-Pure like the policies: the dispatcher (``runtime/groups.py``) and the compile pool
+Pure like the policies: the dispatcher (``runtime/engine/groups.py``) and the compile pool
 (``runtime/prepare.py``) pass counts and measured costs in and apply the answer; nothing here
 imports jax, reads a clock or touches a device.
 

@@ -35,7 +35,7 @@ class Service:
 
 def find(address: str | None = None, token: str | None = None) -> Service:
     """The service to talk to: ``address``, or the only ``xshare serve`` of this user."""
-    from xshare.runtime.discovery import discover, discovery_dir
+    from xshare.runtime.web.discovery import discover, discovery_dir
 
     token = token or os.environ.get("XSHARE_TOKEN") or None
     found = discover()

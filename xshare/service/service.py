@@ -47,7 +47,7 @@ class Service:
                  checkpoint_every: int | None = 100, fuse: bool = False, models: Sequence[Any] = (),
                  grpc_port: int | None = None, repository: dict[str, Any] | None = None):
         import xshare
-        from xshare.runtime.server import StatusServer
+        from xshare.runtime.web.server import StatusServer
 
         self.run_dir = Path(run_dir)
         self.journal = self.run_dir / JOURNAL
@@ -85,10 +85,10 @@ class Service:
             self.server.start()
             self.grpc = None  # the models over gRPC too (xshare serve --grpc-port), after they deploy
             if grpc_port is not None:
-                from xshare.runtime.grpc_server import GrpcServer
+                from xshare.runtime.web.grpc_server import GrpcServer
                 self.grpc = GrpcServer(self.rt, host, grpc_port, repository=self.repository,
                                        token=self.server.token).start()
-            from xshare.runtime.discovery import write_private
+            from xshare.runtime.web.discovery import write_private
             write_private(self.run_dir / ANNOUNCE, json.dumps(
                 {"pid": os.getpid(), "address": self.server.address, "token": self.server.token,
                  **({"grpc_address": self.grpc.address} if self.grpc else {})}) + "\n")
@@ -108,7 +108,7 @@ class Service:
     # ------------------------------------------------------------------ submit
     def submit_payload(self, payload: Any) -> dict[str, Any]:
         """``POST /jobs``: build every request, submit them together, wait for admission."""
-        from xshare.runtime.server import Refused
+        from xshare.runtime.web.server import Refused
 
         try:
             requests = loads(payload)
@@ -174,7 +174,7 @@ class Service:
     def deploy_payload(self, payload: Any) -> dict[str, Any]:
         """``POST /models``: 400 a malformed request, 422 an entry that cannot be built or a model
         that cannot fit, 409 a name already deployed."""
-        from xshare.runtime.server import Refused
+        from xshare.runtime.web.server import Refused
 
         from .models import ModelRequest
 
@@ -193,7 +193,7 @@ class Service:
 
     def undeploy_name(self, name: str, version: int | None = None) -> dict[str, Any]:
         """``DELETE /models/{name}[?version=V]``: every version, or one; 404 if none is deployed."""
-        from xshare.runtime.server import Refused
+        from xshare.runtime.web.server import Refused
 
         try:
             with self._lock:

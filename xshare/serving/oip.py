@@ -39,7 +39,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from .. import __version__
-from ..runtime.http_app import Reply, authorize, endpoint, json_response, parse_json, raw_parts, read_body
+from ..runtime.web.http_app import Reply, authorize, endpoint, json_response, parse_json, raw_parts, read_body
 from . import tensors
 from .extensions import model_config, model_statistics
 from .spec import InferError

@@ -192,7 +192,7 @@ class _Driver(_Teller):
             self.rt, self.owned = None, True
             # A study keeps `concurrency` trials running: each fused group opens with a slot for
             # every one of them and keeps it as pruned trials leave and new ones join (one group
-            # program per model shape; runtime/groups.py, sched/capacity.py).
+            # program per model shape; runtime/engine/groups.py, sched/capacity.py).
             self.runtime_kwargs = {"fuse": True, "group_capacity": concurrency, **dict(runtime or {})}
 
     # ------------------------------------------------------------------ the dispatcher's side

@@ -52,7 +52,7 @@ def fetch_status(address: str, timeout: float = 2.0) -> dict[str, Any]:
 def schema_errors(doc: Any, limit: int = 3) -> list[str]:
     """Why ``doc`` does not follow the status schema (empty: it does). Imports jsonschema, so
     ``top`` calls it only to explain a document it could not draw."""
-    from xshare.runtime.schema import validate
+    from xshare.runtime.observe.schema import validate
 
     return validate(doc)[:limit]
 
@@ -78,7 +78,7 @@ def control(target: Target, job: str, action: str, payload: Any = None, timeout:
 
 
 def find_targets(args: argparse.Namespace) -> list[Target]:
-    from xshare.runtime.discovery import discover
+    from xshare.runtime.web.discovery import discover
 
     found = discover()
     if args.address:
@@ -111,7 +111,7 @@ def _why(err: BaseException) -> str:
 
 def none_found(args: argparse.Namespace, views: Sequence[View] = ()) -> str:
     """The message for "no runtime answered"."""
-    from xshare.runtime.discovery import discovery_dir
+    from xshare.runtime.web.discovery import discovery_dir
 
     if args.address:
         why = next((v.error for v in views if v.error), None)

@@ -1,0 +1,127 @@
+"""The planner on hand-made units: what the policy sees, when it is asked, which unit steps."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from xshare import sched
+from xshare.runtime.engine.planner import Pick, Planner
+from xshare.runtime.engine.units import Units
+
+from . import fakes
+
+
+def planner(policy: Any, *jobs: Any, ready: Any = None, owes: Any = None, quantum: int = 1,
+            lane: int = 0) -> tuple[Planner, Units, fakes.Timeline]:
+    units, timeline = Units(), fakes.Timeline()
+    for j in jobs:
+        j.lane = lane
+        units.jobs[j.id] = j
+        units.run(j)
+    p = Planner(units, policy, timeline, quantum=quantum, slots=1, t0=0.0, clock=lambda: 5.0,
+                ready=ready or (lambda unit, make: True), owes=owes or (lambda unit: None))
+    return p, units, timeline
+
+
+def walk(p: Planner, n: int) -> list[str]:
+    names = []
+    for _ in range(n):
+        pick = p.next()
+        if pick is None:
+            names.append("-")
+            continue
+        names.append(pick.unit.name)
+        pick.unit.dispatched += 1
+        p.stepped(pick)
+    return names
+
+
+def test_fifo_steps_the_first_arrival_until_it_ends_then_the_next():
+    a, b = fakes.job("a", steps=2, arrival=1.0), fakes.job("b", steps=2, arrival=2.0)
+    p, units, _ = planner(sched.Fifo(), b, a)
+    assert walk(p, 2) == ["a", "a"]
+    units.stop(a)  # it ended: the running set changed, so the policy is asked again
+    assert walk(p, 2) == ["b", "b"]
+
+
+def test_pack_interleaves_the_jobs_of_a_lane_quantum_steps_each():
+    a, b = fakes.job("a", steps=100, arrival=1.0), fakes.job("b", steps=100, arrival=2.0)
+    p, _, _ = planner(sched.Pack(), a, b, quantum=2)
+    assert walk(p, 8) == ["a", "a", "b", "b", "a", "a", "b", "b"]
+
+
+def test_the_policy_is_asked_on_a_change_or_after_its_period_never_per_step():
+    asked = []
+
+    class Counting(sched.Pack):
+        def pick(self, view, state):
+            asked.append(view.now)
+            return super().pick(view, state)
+
+    a, b = fakes.job("a", steps=None), fakes.job("b", steps=None)
+    p, units, _ = planner(Counting(), a, b)
+    walk(p, 300)
+    assert len(asked) == 2, asked  # the first plan, then once its period (256 steps) ran out
+    units.changed = True
+    walk(p, 1)
+    assert len(asked) == 3
+    assert asked[0] == 5.0  # the view's clock is the one passed in, minus t0
+
+
+def test_the_view_holds_what_the_policy_needs_and_skips_failed_or_finished_units():
+    seen = []
+
+    class Recording(sched.Pack):
+        def pick(self, view, state):
+            seen.append(view)
+            return super().pick(view, state)
+
+    a, b, c = fakes.job("a", priority=3, step_s=0.02), fakes.job("b"), fakes.job("c", steps=0)
+    b.error = "its step raised"
+    p, _, _ = planner(Recording(), a, b, c)
+    assert p.next() == Pick(a, 0, 0)
+    (view,) = seen
+    assert [v.name for v in view.jobs] == ["a"]
+    (v,) = view.jobs
+    assert (v.priority, v.steps_left, v.step_time_s, v.lane) == (3, 10, 0.02, 0)
+
+
+def test_a_unit_without_its_batch_is_skipped_for_a_ready_one_unless_the_policy_is_exclusive():
+    a, b = fakes.job("a", arrival=1.0), fakes.job("b", arrival=2.0)
+    asked = []
+
+    def ready(unit: Any, make: bool) -> bool:
+        asked.append((unit.name, make))
+        return unit.name == "b"
+
+    p, _, _ = planner(sched.Pack(), a, b, ready=ready)
+    assert p.next().unit is b
+    # the current unit is asked to make its batch (as a plain loop would); the others only checked
+    assert asked == [("a", True), ("a", False), ("b", False)]
+    p, _, _ = planner(sched.Fifo(), a, b, ready=ready)
+    assert p.next() is None  # exclusive: the device idles for the chosen job's data
+
+
+def test_a_unit_owing_an_evaluation_is_ready_without_a_train_batch_and_stays_in_the_view():
+    a = fakes.job("a", steps=0)
+    p, units, _ = planner(sched.Pack(), a, ready=lambda u, make: False, owes=lambda u: "eval batch")
+    units.evaluating[a.id] = a
+    pick = p.next()
+    assert pick is not None and pick.unit is a
+
+
+def test_a_timed_policy_makes_the_device_times_current_before_each_decision():
+    a = fakes.job("a")
+    p, units, timeline = planner(sched.Fair(), a)
+    p.next()
+    units.changed = True
+    p.next()
+    assert timeline.drains == 2
+    p, _, timeline = planner(sched.Pack(), fakes.job("b"))
+    p.next()
+    assert timeline.drains == 0
+
+
+def test_nothing_running_plans_nothing():
+    p, _, _ = planner(sched.Pack())
+    assert p.next() is None and not p.plan

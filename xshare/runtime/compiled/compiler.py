@@ -1,0 +1,297 @@
+"""Compile once per program: ahead-of-time, donated, fenced executables shared by every job
+whose step is the same program.
+
+A *program key* is a fingerprint of what determines the code, never of who calls it: the
+unfenced StableHLO of the step over flat leaves, the avals and placement of its state and batch,
+donation, device and whether it is fenced. Fence identity (ring, job, lane) is a run-time
+operand (``ffi.fenced``), so the fenced executable is the same for every job of a sweep: N
+identical jobs cost one XLA compile. (JAX's jit cache cannot do this for us: each job is
+lowered separately, and the persistent compilation cache only helps across processes.)
+
+Two levels, because lowering costs tens of milliseconds:
+  * the *trace memo*: (the ``Job`` object, avals, device, fenced) -> program, the same rule
+    ``jax.jit`` uses (a function object and avals determine its trace), so N specs bound from
+    one ``@xshare.job`` step skip tracing altogether;
+  * the *program cache*: program key -> compiled program, which catches jobs made by separate
+    factory calls (a new closure per job) that still lower to the same program.
+Both are process-wide: a second Runtime in the process reuses what the first compiled.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from concurrent.futures import Future
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+from ... import ffi
+from ...memory.footprint import Footprint
+from .leaves import Promote, layout_of
+from .program import (  # noqa: F401 - re-exported: the compiler's public names
+    ASSUMED_FLOPS_PER_S, DONATE, CompiledStep, _avals, _flops, abstract, flat_step, has_host_callback,
+    lower_unfenced, program_key, trace_unfenced, tree_nbytes)
+
+
+class ProgramCache:
+    """Process-wide cache of compiled programs; thread-safe; concurrent requests for one key
+    compile once (the others wait on the same future)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        # job -> {(fn, avals, device, fenced): CompiledStep}, weak on the job: a job the user and
+        # the runtime have let go of (finished, its handle dropped) does not keep its step
+        # function, and what its closure holds (a model's graph), for the life of the process.
+        self._memo: weakref.WeakKeyDictionary[Any, dict[tuple, Future]] = weakref.WeakKeyDictionary()
+        self._programs: dict[str, Future] = {}    # program key -> CompiledStep
+        self.compiles = 0                         # XLA compiles this cache ran (misses)
+        self.compile_s = 0.0                      # their total time (a persistent-cache hit is quick)
+        # The longest one: what a program that is not in the persistent cache may cost (the
+        # mean would be a cache hit's, on a relaunch; tiers.py weighs compiles by this).
+        self.slowest_compile_s = 0.0
+        self.hits = 0
+
+    def get(self, job: Any, state: Any, batch: Any, *, device: Any, fenced: bool,
+            compile: bool = True) -> CompiledStep:
+        """The program of ``job`` on (``state``, ``batch``): compiled unless ``compile=False``
+        (then it is lowered and keyed, and compiles on first use)."""
+        program = self._get(job, state, batch, device=device, fenced=fenced)
+        return program.ensure() if compile else program
+
+    def _get(self, job: Any, state: Any, batch: Any, *, device: Any, fenced: bool) -> CompiledStep:
+        promote: frozenset = frozenset()
+        while True:
+            try:
+                return self._get_layout(job, state, batch, promote, device=device, fenced=fenced)
+            except Promote as more:
+                # The step changed a Python number of its state: trace again with it carried
+                # as an array, as jax.jit would (each round adds at least one leaf).
+                promote = promote | more.indices
+
+    def trace(self, job: Any, state: Any, batch: Any, *, device: Any) -> tuple[Any, frozenset, tuple]:
+        """``(jaxpr, promoted, metric names)`` of ``job``'s step over carried arrays: traced as
+        ``get`` traces it (Python numbers the step changes promoted to arrays), not lowered, not
+        keyed, not cached. What a fused runtime needs to match a job to a family program that
+        already covers it (``sweeps.Sweeps.covering``) without paying for its own lowering."""
+        promote: frozenset = frozenset()
+        while True:
+            state_arrays, state_layout = layout_of(state, promote)
+            batch_arrays, batch_layout = layout_of(batch)
+            names: list[tuple[str, ...]] = []
+            flat = flat_step(job.fn, state_layout, batch_layout, names)
+            try:
+                jaxpr = trace_unfenced(flat, abstract(state_arrays, device), abstract(batch_arrays, device))
+            except Promote as more:
+                promote = promote | more.indices
+                continue
+            return jaxpr, promote, names[0]
+
+    def _get_layout(self, job: Any, state: Any, batch: Any, promote: frozenset, *, device: Any,
+                    fenced: bool) -> CompiledStep:
+        state_arrays, state_layout = layout_of(state, promote)
+        batch_arrays, batch_layout = layout_of(batch)
+        state_struct, batch_struct = abstract(state_arrays, device), abstract(batch_arrays, device)
+        # Keyed by the Job object itself (as in jax.jit's cache, weakly): an entry goes with its
+        # job, so another function can never hit it. The layouts' memo keys hold the treedefs
+        # and static values: what, with the avals, decides the trace.
+        memo_key = (job.fn, state_layout.memo_key(), _avals(state_struct), batch_layout.memo_key(),
+                    _avals(batch_struct), device, fenced, promote)
+        with self._lock:
+            table = self._memo.get(job)
+            if table is None:
+                table = self._memo[job] = {}
+        fut, owner = self._claim(table, memo_key)
+        if not owner:
+            return fut.result()
+        try:
+            result = self._lower_and_compile(job, state_struct, batch_struct, state_layout,
+                                             batch_layout, device, fenced, promote)
+        except BaseException as err:
+            with self._lock:
+                del table[memo_key]  # a failed trace is not cached: the next job retries
+            fut.set_exception(err)
+            raise
+        fut.set_result(result)
+        return result
+
+    def _lower_and_compile(self, job: Any, state_struct: list, batch_struct: list, state_layout: Any,
+                           batch_layout: Any, device: Any, fenced: bool, promote: frozenset) -> CompiledStep:
+        names: list[tuple[str, ...]] = []
+        flat = flat_step(job.fn, state_layout, batch_layout, names)
+        jaxpr, unfenced = lower_unfenced(flat, state_struct, batch_struct)
+        text = unfenced.as_text()
+        key = program_key(text, state_avals=_avals(state_struct), batch_avals=_avals(batch_struct),
+                          keys=state_layout.keys_of() + batch_layout.keys_of(), metric_names=names[0],
+                          donate=DONATE, device=device, fenced=fenced,
+                          callbacks_of=job.fn if has_host_callback(text) else None)
+        fut, owner = self._claim(self._programs, key)
+        if not owner:
+            return fut.result()
+
+        def lower() -> Any:
+            if not fenced:
+                return unfenced
+            ffi.ensure_loaded()  # the handlers must be registered before XLA compiles
+            ident = jax.ShapeDtypeStruct((3,), np.int32, sharding=jax.sharding.SingleDeviceSharding(device))
+            return jax.jit(ffi.fenced(flat, donated=True), donate_argnums=DONATE
+                           ).lower(state_struct, batch_struct, ident)
+
+        result = CompiledStep(key=key, metric_names=names[0], state_struct=state_struct,
+                              batch_struct=batch_struct, state_layout=state_layout,
+                              batch_layout=batch_layout, fenced=fenced, flat=flat, lowered=lower,
+                              on_compile=self._count)
+        # What constant lifting reads (sweeps.py): the jaxpr, and whether it calls the host.
+        result.jaxpr, result.host_callback = jaxpr, has_host_callback(text)
+        result.promoted = promote
+        fut.set_result(result)
+        return result
+
+    def lifted(self, ref: CompiledStep, traced: Any, positions: list[int], *, device: Any) -> CompiledStep:
+        """The program of ``ref`` with the constants at ``positions`` (sites of ``traced``, its
+        jaxpr read by ``lifting.trace``) taken as trailing state operands: one per sweep family
+        and set of positions, shared process-wide like every program."""
+        from .lifting import lifted_step
+
+        n = len(ref.state_struct)
+        sharding = jax.sharding.SingleDeviceSharding(device)
+        extra = [jax.ShapeDtypeStruct(np.shape(traced.values[p]), traced.values[p].dtype, sharding=sharding)
+                 for p in positions]
+        state_struct = list(ref.state_struct) + extra
+        key = program_key(f"lifted {traced.skeleton} at {list(positions)}", state_avals=_avals(state_struct),
+                          batch_avals=_avals(ref.batch_struct), keys=ref.state_layout.keys_of(),
+                          metric_names=ref.metric_names, donate=DONATE, device=device, fenced=ref.fenced)
+        fut, owner = self._claim(self._programs, key)
+        if not owner:
+            return fut.result()
+        try:
+            flat = lifted_step(traced, positions, n)
+            batch_struct = ref.batch_struct
+
+            def lower() -> Any:
+                fn, args = flat, [state_struct, batch_struct]
+                if ref.fenced:
+                    ffi.ensure_loaded()
+                    fn = ffi.fenced(flat, donated=True)
+                    args.append(jax.ShapeDtypeStruct((3,), np.int32, sharding=sharding))
+                return jax.jit(fn, donate_argnums=DONATE).lower(*args)
+
+            result = CompiledStep(key=key, metric_names=ref.metric_names, state_struct=state_struct,
+                                  batch_struct=batch_struct, state_layout=ref.state_layout,
+                                  batch_layout=ref.batch_layout, fenced=ref.fenced, flat=flat,
+                                  lowered=lower, on_compile=self._count)
+            result.jaxpr, result.host_callback, result.promoted = None, False, ref.promoted
+        except BaseException as err:
+            with self._lock:
+                del self._programs[key]
+            fut.set_exception(err)
+            raise
+        fut.set_result(result)
+        return result
+
+    def shared(self, key: str, build: Callable[[], Any]) -> Any:
+        """What ``build()`` compiles, cached under ``key`` with the step programs (for programs
+        other than a job's step, e.g. its evaluation: ``evaluation.py``); built once, counted
+        as one compile, and shared by every job that asks for the same key."""
+        fut, owner = self._claim(self._programs, key)
+        if not owner:
+            return fut.result()
+        t0 = time.perf_counter()
+        try:
+            result = build()
+        except BaseException as err:
+            with self._lock:
+                del self._programs[key]  # a failed build is not cached: the next job retries
+            fut.set_exception(err)
+            raise
+        self._count(time.perf_counter() - t0)
+        fut.set_result(result)
+        return result
+
+    def _claim(self, table: dict, key: Any) -> tuple[Future, bool]:
+        """The future for ``key`` in ``table``, and whether the caller must fill it (the first
+        to ask computes; the others wait on its future)."""
+        with self._lock:
+            fut = table.get(key)
+            if fut is not None:
+                self.hits += 1
+                return fut, False
+            fut = table[key] = Future()
+            return fut, True
+
+    def _count(self, seconds: float) -> None:
+        with self._lock:
+            self.compiles += 1
+            self.compile_s += seconds
+            self.slowest_compile_s = max(self.slowest_compile_s, seconds)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._memo.clear()
+            self._programs.clear()
+
+
+PROGRAMS = ProgramCache()
+
+
+def compile_step(fn: Callable, state: Any, batch: Any, *, device: Any, prefetch: int = 0,
+                 fenced: bool = False) -> _Staged:
+    """The program a Runtime would run for ``fn(state, batch)`` (through the shared cache),
+    with ``prefetch`` staged batches in its footprint: for tools and tests that want a job's
+    footprint or executable without a Runtime. The executable takes flat lists of carried
+    arrays (``program.state_layout.split(state)``); a fenced one takes a third argument, the
+    int32[3] ident (``xshare.ffi.ident``)."""
+    from ..._job import Job
+
+    job = fn if isinstance(fn, Job) else _job_for(fn)
+    program = PROGRAMS.get(job, state, batch, device=device, fenced=fenced)
+    return _Staged(program, program.with_staging(prefetch))
+
+
+class _Staged:
+    """A program seen with one runtime's staging in its footprint (for compile_step)."""
+
+    def __init__(self, program: CompiledStep, footprint: Footprint):
+        self._program, self.footprint = program, footprint
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._program, name)
+
+
+_JOBS: dict[Any, Any] = {}
+
+
+def _job_for(fn: Callable) -> Any:
+    """One Job per plain function, so repeated calls hit the trace memo."""
+    from ..._job import Job
+
+    job = _JOBS.get(fn)
+    if job is None:
+        job = _JOBS[fn] = Job(fn)
+    return job
+
+
+def persistent_cache_dir(path: str | None = None) -> str:
+    """Where ``xshare launch`` keeps XLA's persistent compilation cache: ``path``, else
+    ``$XSHARE_COMPILATION_CACHE``, else ``$XDG_CACHE_HOME/xshare/xla`` (``~/.cache/xshare/xla``)."""
+    import os
+
+    if path:
+        return str(path)
+    if os.environ.get("XSHARE_COMPILATION_CACHE"):
+        return os.environ["XSHARE_COMPILATION_CACHE"]
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "xshare", "xla")
+
+
+def enable_persistent_cache(path: str | None = None) -> str:
+    """Turn on JAX's persistent compilation cache in ``persistent_cache_dir(path)``, for every
+    program however quickly it compiles (a sweep's step compiles in well under JAX's default
+    1 s threshold), so a relaunch of the same jobs compiles nothing. Returns the directory."""
+    directory = persistent_cache_dir(path)
+    jax.config.update("jax_compilation_cache_dir", directory)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+    return directory

@@ -1,0 +1,285 @@
+"""Programs that run K consecutive steps of a job in one executable call.
+
+A K-step program is ``lax.scan`` of the job's own flat step over K stacked batches: the same
+ops on the same values, one host call instead of K. Each inner step keeps its FFI fences (one
+begin/end pair per step, so the timeline is unchanged) and its metrics come back stacked, one
+row per step. Rolled (``unroll=1``) the body is compiled once, whatever K; unrolled it is K
+copies, which XLA may optimise as the single step is (the form that stayed bit-identical for a
+small CNN whose rolled loop did not). Which form a program keeps is decided by the exactness
+check in ``tiers.py``, never assumed. See docs/explanation/multi-step.md.
+
+Programs are shared process-wide through the program cache (``ProgramCache.shared``), keyed by
+the single step's program key, K and the form, like every other program.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+from ... import ffi
+from ...memory.footprint import Footprint, footprint_from_analysis
+from .compiler import PROGRAMS, CompiledStep, tree_nbytes
+
+
+@dataclass(frozen=True)
+class Form:
+    """A K-step program's shape: how many steps per call, and whether the loop is unrolled."""
+
+    k: int
+    unroll: bool
+
+    def describe(self) -> str:
+        return f"K={self.k} {'unrolled' if self.unroll else 'rolled'}"
+
+
+@dataclass(frozen=True)
+class MultiStep:
+    """A compiled K-step program of one single-step program."""
+
+    form: Form
+    executable: Any          # (state leaves, stacked batch leaves[, ident]) -> (state, metrics[K, M])
+    footprint: Footprint     # from its own memory analysis (K batches, K rows of metrics)
+    compile_s: float
+
+    @property
+    def k(self) -> int:
+        return self.form.k
+
+
+# The host's cost of one executable call and its bookkeeping, before any K-step form has been
+# measured: the ~76 us/step the runtime added to the hook's MLP step on this project's CPU
+# machine (issue #32), which is what running K steps per call divides by K.
+CALL_S = 75e-6
+
+# The state is donated (updated in place, as by the one-step program); the K stacked batches are
+# not: no output has their shape, so XLA could not reuse them, and would say so at each lowering.
+STATE_ONLY = (0,)
+
+# The forms tried for a program, in order: a rolled loop first (its compile does not grow with
+# K), then a shorter unrolled one (a compile K bodies long; for programs whose rolled form is
+# slower or not bit-identical). A program keeps the first that passes the check.
+FORMS = (Form(16, False), Form(8, True))
+
+
+def compile_multi(program: CompiledStep, form: Form, device: Any) -> MultiStep:
+    """The K-step program of ``program`` in ``form`` (compiled once per process)."""
+    key = f"multistep {program.key} k={form.k} unroll={form.unroll}"
+    return PROGRAMS.shared(key, lambda: _compile(program, form, device))
+
+
+def _compile(program: CompiledStep, form: Form, device: Any) -> MultiStep:
+    sharding = jax.sharding.SingleDeviceSharding(device)
+    stacked = [jax.ShapeDtypeStruct((form.k,) + tuple(x.shape), x.dtype, sharding=sharding)
+               for x in program.batch_struct]
+    return _scan_program(program.flat, program.state_struct, stacked, xs=lambda batches: batches,
+                         one=lambda b, batches: b, fenced=program.fenced, form=form, device=device,
+                         state_bytes=tree_nbytes(program.state_struct), batch_bytes=tree_nbytes(stacked),
+                         label=f"{program.key[:12]} {form.describe()}")
+
+
+def compile_group_multi(program: CompiledStep, capacity: int, form: Form, device: Any) -> MultiStep:
+    """The K-step program of ``program``'s fused group at ``capacity`` slots: K group steps (the
+    same masked vmap, the same mask for all K) in one call, compiled once per process."""
+    key = f"fused multistep {program.key} c={capacity} k={form.k} unroll={form.unroll}"
+    return PROGRAMS.shared(key, lambda: _compile_group(program, capacity, form, device))
+
+
+def _compile_group(program: CompiledStep, capacity: int, form: Form, device: Any) -> MultiStep:
+    from .fusion import group_body
+
+    sharding = jax.sharding.SingleDeviceSharding(device)
+    states = [jax.ShapeDtypeStruct((capacity,) + tuple(x.shape), x.dtype, sharding=sharding)
+              for x in program.state_struct]
+    batches = [jax.ShapeDtypeStruct((form.k, capacity) + tuple(x.shape), x.dtype, sharding=sharding)
+               for x in program.batch_struct]
+    mask = jax.ShapeDtypeStruct((capacity,), np.bool_, sharding=sharding)
+    # The batch argument is (K stacked group batches, the slot mask): the scan runs over the
+    # first, each step gets (its batch, the mask).
+    return _scan_program(group_body(program.flat), states, (batches, mask), xs=lambda arg: arg[0],
+                         one=lambda b, arg: (b, arg[1]), fenced=program.fenced, form=form, device=device,
+                         state_bytes=capacity * tree_nbytes(program.state_struct),
+                         batch_bytes=tree_nbytes(batches) + capacity,
+                         label=f"fused group {program.key[:12]} {form.describe()}")
+
+
+def _scan_program(step: Callable, state_struct: Any, batch_struct: Any, *, xs: Callable, one: Callable,
+                  fenced: bool, form: Form, device: Any, state_bytes: int, batch_bytes: int,
+                  label: str) -> MultiStep:
+    """Compile ``scan(step)`` over ``xs(batch argument)``, each step given ``one(x, batch
+    argument)``, fenced per step when the program is, the state donated."""
+    sharding = jax.sharding.SingleDeviceSharding(device)
+    unroll = form.k if form.unroll else 1
+    args: list[Any] = [state_struct, batch_struct]
+    multi: Callable[..., Any]  # its arguments: the fenced one takes the fences' ident too
+    if fenced:
+        ffi.ensure_loaded()
+        fenced_step = ffi.fenced(step, donated=True)
+        args.append(jax.ShapeDtypeStruct((3,), np.int32, sharding=sharding))
+
+        def multi(state, arg, ident):
+            return jax.lax.scan(lambda s, x: fenced_step(s, one(x, arg), ident), state, xs(arg), unroll=unroll)
+    else:
+        def multi(state, arg):
+            return jax.lax.scan(lambda s, x: step(s, one(x, arg)), state, xs(arg), unroll=unroll)
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+        lowered = jax.jit(multi, donate_argnums=STATE_ONLY).lower(*args)
+        t0 = time.perf_counter()
+        compiled = lowered.compile()
+        compile_s = time.perf_counter() - t0
+    fp = footprint_from_analysis(compiled.memory_analysis(), state_bytes=state_bytes,
+                                 batch_bytes=batch_bytes, prefetch=0, job=label, hlo=compiled.as_text)
+    return MultiStep(form=form, executable=compiled, footprint=fp, compile_s=compile_s)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the check found for a program in one form: bit-identical to K single steps or not,
+    and the measured seconds per step both ways (on the same state and batches)."""
+
+    form: Form
+    exact: bool
+    single_step_s: float
+    multi_step_s: float
+    why: str = ""
+
+    @property
+    def faster(self) -> bool:
+        return self.multi_step_s < self.single_step_s
+
+    @property
+    def kept(self) -> bool:
+        return self.exact and self.faster
+
+    def describe(self) -> str:
+        if not self.exact:
+            return f"{self.form.describe()} not kept: {self.why}"
+        ratio = self.single_step_s / self.multi_step_s if self.multi_step_s > 0 else float("inf")
+        verb = "kept" if self.faster else "not kept (slower)"
+        return (f"{self.form.describe()} {verb}: {self.multi_step_s * 1e6:.0f} us/step against "
+                f"{self.single_step_s * 1e6:.0f} us/step one step per call ({ratio:.2f}x)")
+
+
+class Verdicts:
+    """Process-wide: the check runs once per (program, form), whichever job or runtime ran it.
+
+    With a persistent compilation cache (``Runtime(compilation_cache=...)``, on by default) the
+    verdicts are kept beside it, in ``verdicts.json``: a later process knows which forms passed
+    (and that their programs are in the cache, so adopting them costs a load, not a compile)
+    and which did not (it does not compile them again)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by: dict[tuple[str, Form], Verdict] = {}
+        self._path: Path | None = None
+
+    def persist(self, directory: str | None) -> None:
+        """Read and from now on write the verdicts in ``directory`` (None: in memory only)."""
+        if directory is None:
+            return
+        path = Path(directory) / "verdicts.json"
+        with self._lock:
+            if self._path == path:
+                return
+            self._path = path
+            for (key, form), verdict in _read(path).items():
+                self._by.setdefault((key, form), verdict)
+
+    def get(self, program_key: str, form: Form) -> Verdict | None:
+        with self._lock:
+            return self._by.get((program_key, form))
+
+    def put(self, program_key: str, verdict: Verdict) -> None:
+        with self._lock:
+            self._by[(program_key, verdict.form)] = verdict
+            path = self._path
+        if path is not None:
+            _write(path, program_key, verdict)
+
+    def of(self, program_key: str) -> list[Verdict]:
+        with self._lock:
+            return [v for (key, _), v in self._by.items() if key == program_key]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._by.clear()
+
+    def typical_call_s(self) -> float:
+        """What one executable call costs beyond its steps' work, as the forms kept so far
+        measured it (any program, this process or earlier ones: ``persist``): the median of
+        (one-step cost - K-step cost per step) / (1 - 1/K); ``CALL_S`` before any. A promotion
+        expects to save this much per step, times (1 - 1/K), before its own program is measured."""
+        with self._lock:
+            calls = sorted((v.single_step_s - v.multi_step_s) / (1 - 1 / v.form.k)
+                           for v in self._by.values() if v.kept and v.form.k > 1)
+        return calls[len(calls) // 2] if calls else CALL_S
+
+
+VERDICTS = Verdicts()
+
+
+def _read(path: Path) -> dict:
+    try:
+        rows = json.loads(path.read_text())
+        return {(r["program"], Form(int(r["k"]), bool(r["unroll"]))):
+                Verdict(Form(int(r["k"]), bool(r["unroll"])), bool(r["exact"]), float(r["single_step_s"]),
+                        float(r["multi_step_s"]), str(r.get("why", "")))
+                for r in rows}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}  # none yet, or unreadable: the checks run again (they are only a cost)
+
+
+def _write(path: Path, program_key: str, verdict: Verdict) -> None:
+    """Merge one verdict into the file (read, add, write a temporary, rename: another process
+    writing at the same time may lose one row, which only means that check runs again)."""
+    rows = {(k, f): v for (k, f), v in _read(path).items()}
+    rows[(program_key, verdict.form)] = verdict
+    out = [{"program": k, "k": f.k, "unroll": f.unroll, "exact": v.exact,
+            "single_step_s": v.single_step_s, "multi_step_s": v.multi_step_s, "why": v.why}
+           for (k, f), v in rows.items()]
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
+        tmp.write_text(json.dumps(out))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only cache: verdicts stay in this process
+
+
+def first_difference(a: list, b: list, what: str) -> str | None:
+    """Where two lists of arrays first differ bit for bit (None if they do not)."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        x, y = np.asarray(x), np.asarray(y)
+        if x.shape != y.shape or x.dtype != y.dtype:
+            return f"{what} leaf {i}: {x.dtype}{list(x.shape)} vs {y.dtype}{list(y.shape)}"
+        if x.tobytes() != y.tobytes():
+            diff = np.abs(x.astype(np.float64) - y.astype(np.float64)) if x.dtype.kind in "fc" else None
+            detail = f" (max |difference| {float(diff.max()):.3g})" if diff is not None and diff.size else ""
+            return f"{what} leaf {i} differs{detail}"
+    return None
+
+
+def matches(batch: Any, like: list) -> bool:
+    """Whether ``batch`` (a list of leaves) has exactly the shapes and dtypes of ``like`` (the
+    compiled batch's structs or arrays): what can be stacked into a K-step call. A batch that
+    does not stops the call before it; the one-step path then fails its job with the reason."""
+    if not isinstance(batch, list) or len(batch) != len(like):
+        return False
+    return all(tuple(getattr(x, "shape", ())) == tuple(z.shape) and getattr(x, "dtype", None) == z.dtype
+               for x, z in zip(batch, like))
+
+
+def stack(batches: list[list]) -> list:
+    """K batches (each a list of leaves) as one list of stacked leaves (host arrays)."""
+    return [np.stack([np.asarray(b[i]) for b in batches]) for i in range(len(batches[0]))]

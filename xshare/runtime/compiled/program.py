@@ -1,0 +1,255 @@
+"""A compiled program and what defines it: the flat step, its lowering, its key.
+
+``CompiledStep`` is one program shared by every job whose step lowers to it; ``flat_step`` is a
+user's step over flat lists of carried arrays (``leaves``); ``program_key`` is the one key (the
+program cache and the dry run both use it). The cache itself is ``compiler.ProgramCache``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import re
+import threading
+import time
+import warnings
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+from ...memory.footprint import Footprint, footprint_from_analysis
+from .leaves import Promote, changed_numbers, describe_aval, is_array, is_key, layout_of, path_name
+
+# Used to rank jobs (SRTF) before their first measured step, and only until the runtime has
+# measured any job: then the FLOP rate achieved by measured jobs replaces it, so a new job is
+# estimated on the same scale as the running ones it competes with.
+ASSUMED_FLOPS_PER_S = 2e10
+
+
+class CompiledStep:
+    """One program, shared by every job whose step lowers to it. It is lowered (and keyed) at
+    once; the XLA compile runs on first use of ``executable``/``footprint``/``flops`` (or
+    ``ensure()``), so a fused sweep whose jobs all run in a vmapped group never pays for the
+    solo executable it does not run."""
+
+    def __init__(self, *, key: str, metric_names: tuple[str, ...], state_struct: Any, batch_struct: Any,
+                 state_layout: Any, batch_layout: Any, fenced: bool, flat: Callable,
+                 lowered: Callable[[], Any], on_compile: Callable[[float], None]):
+        self.key = key                      # the program key (hex)
+        self.metric_names = metric_names    # the packed metrics vector's entries, in order
+        # Flat lists of ShapeDtypeStructs: the carried arrays (leaves.py) of state and batch.
+        self.state_struct, self.batch_struct = state_struct, batch_struct
+        # The layouts of the job that traced this program. A job that shares it (same computed
+        # program) may have another layout (other static objects): it keeps its own, on its
+        # record; these serve tools that hold only the program (compile_step, the dry run).
+        self.state_layout, self.batch_layout = state_layout, batch_layout
+        self.fenced = fenced
+        self.flat = flat                    # the unfenced step over flat leaves (fusion vmaps it)
+        self._lowered: Callable[[], Any] | None = lowered  # None once compiled
+        self._on_compile = on_compile       # called with XLA's compile time (s)
+        self._compiled: tuple[Any, Footprint, float | None] | None = None
+        self._lock = threading.Lock()
+        self.jaxpr: Any = None              # the unfenced step's jaxpr (for constant lifting)
+        self.promoted: frozenset = frozenset()  # Python-number state leaves carried as arrays
+        self.host_callback = False          # whether it calls back into Python
+        self._traced: Any = None
+
+    def traced(self) -> Any:
+        """This program's jaxpr read by ``lifting.trace`` (skeleton and constant sites), once."""
+        if self._traced is None and self.jaxpr is not None:
+            from .lifting import trace
+            self._traced = trace(self.jaxpr)
+        return self._traced
+
+    def ensure(self) -> "CompiledStep":
+        """Compile now (once); raises what XLA raises."""
+        if self._compiled is None:
+            with self._lock:
+                if self._compiled is None:
+                    with warnings.catch_warnings():
+                        warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+                        assert self._lowered is not None  # (dropped only once compiled)
+                        lowered = self._lowered()
+                        t0 = time.perf_counter()  # XLA's part only (lowering is not compiling)
+                        compiled = lowered.compile()
+                    self._on_compile(time.perf_counter() - t0)
+                    fp = footprint_from_analysis(
+                        compiled.memory_analysis(), state_bytes=tree_nbytes(self.state_struct),
+                        batch_bytes=tree_nbytes(self.batch_struct), prefetch=0, job=self.key[:12],
+                        hlo=compiled.as_text)
+                    self._compiled = (compiled, fp, _flops(compiled))
+                    self._lowered = None  # the compiled program is all that is needed now
+        return self
+
+    @property
+    def executable(self) -> Any:
+        """(state leaves, batch leaves[, ident]) -> (new state leaves, metrics vector)."""
+        return self._done()[0]
+
+    def _done(self) -> tuple[Any, Footprint, float | None]:
+        """(executable, footprint, flops), compiling first if needed."""
+        compiled = self.ensure()._compiled
+        assert compiled is not None  # (ensure compiled it or raised)
+        return compiled
+
+    @property
+    def footprint(self) -> Footprint:
+        """From ``memory_analysis()``; staging = 0: each runtime adds its own prefetch depth."""
+        return self._done()[1]
+
+    @property
+    def flops(self) -> float | None:
+        """Per step, from ``cost_analysis()``; None when unknown (or not compiled yet)."""
+        return self._compiled[2] if self._compiled is not None else None
+
+    @property
+    def compiled(self) -> bool:
+        return self._compiled is not None
+
+    def step_time_estimate_s(self, flops_per_s: float | None = None) -> float:
+        """Seconds per step from ``cost_analysis()`` FLOPs at ``flops_per_s`` (the rate the
+        runtime measured on jobs that already ran, else a generic guess)."""
+        if self.flops and self.flops > 0:
+            return max(self.flops / (flops_per_s or ASSUMED_FLOPS_PER_S), 1e-6)
+        return 1e-3
+
+    def with_staging(self, prefetch: int) -> Footprint:
+        """The footprint a runtime charges: the program's plus ``prefetch`` staged batches."""
+        return dataclasses.replace(self.footprint, staging=prefetch * tree_nbytes(self.batch_struct))
+
+
+def tree_nbytes(tree: Any) -> int:
+    """Bytes of a tree of carried arrays or their ShapeDtypeStructs."""
+    return int(sum(np.dtype(x.dtype).itemsize * math.prod(x.shape) for x in jax.tree.leaves(tree)))
+
+
+def abstract(arrays: Any, device: Any) -> Any:
+    """Shape/dtype/placement of every carried array (see ``leaves``), without touching data."""
+    sharding = jax.sharding.SingleDeviceSharding(device)
+
+    def one(x: Any) -> jax.ShapeDtypeStruct:
+        x = x if hasattr(x, "shape") and hasattr(x, "dtype") else np.asarray(x)
+        return jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=sharding)
+
+    return jax.tree.map(one, arrays)
+
+
+def _avals(struct: Any) -> tuple:
+    """The flat avals of carried arrays: what XLA sees, with no treedef (a job's treedef and
+    static objects decide only how its own leaves unflatten, not the program)."""
+    return tuple((tuple(x.shape), str(x.dtype)) for x in jax.tree.leaves(struct))
+
+
+def program_key(text: str, *, state_avals: tuple, batch_avals: tuple, keys: tuple, metric_names: tuple,
+                donate: tuple, device: Any, fenced: bool, callbacks_of: Any = None) -> str:
+    """The one program key (the compiler's and the dry run's): what XLA computes.
+
+    ``text`` is the unfenced lowering over carried arrays; ``keys`` the PRNG impls of the state's
+    key leaves; ``callbacks_of`` the step function when the text calls back into Python (a host
+    callback lowers to an index, not to the function it calls: such a program is shared only by
+    jobs of the same step function)."""
+    digest = hashlib.sha256(text.encode())
+    if callbacks_of is not None:
+        digest.update(f"callbacks of {id(callbacks_of)}".encode())
+    digest.update(repr((state_avals, batch_avals, keys, metric_names, donate, str(device), fenced)).encode())
+    return digest.hexdigest()
+
+
+def trace_unfenced(flat: Callable, state_struct: list, batch_struct: list) -> Any:
+    """The jaxpr of ``flat`` over the structs, as ``lower_unfenced`` traces it, without lowering
+    (lowering costs about as much again as tracing: ~40 ms for the digits model on CPU)."""
+    return jax.jit(flat, donate_argnums=DONATE).trace(state_struct, batch_struct).jaxpr
+
+
+def lower_unfenced(flat: Callable, state_struct: list, batch_struct: list) -> tuple[Any, Any]:
+    """(the jaxpr, the lowering) of ``flat`` over the structs: one trace gives both."""
+    with warnings.catch_warnings():
+        # The batch is donated for the fences' sake; when no output can reuse it XLA says so
+        # once per compile, which is expected here and not actionable by the user.
+        warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+        traced = jax.jit(flat, donate_argnums=DONATE).trace(state_struct, batch_struct)
+        return traced.jaxpr, traced.lower()
+
+
+# Both donated, whatever the user's ``donate``: the runtime owns its own copy of the state and
+# every batch it prefetched, and donating the batch makes the begin fence's aliasing zero-copy.
+DONATE = (0, 1)
+
+
+_HOST_CALLBACK = re.compile(r"custom_call @\w*python\w*callback")
+
+
+def has_host_callback(stablehlo: str) -> bool:
+    """Whether a lowered program calls back into Python (jax.pure_callback, io_callback, ...)."""
+    return _HOST_CALLBACK.search(stablehlo) is not None
+
+
+def flat_step(fn: Callable, state_layout: Any, batch_layout: Any, names: list) -> Callable:
+    """``fn`` over flat lists of carried arrays (``leaves``), with its metrics packed into one
+    float32 vector.
+
+    Why flat: a call walks its argument pytrees on the host, and model states with custom nodes
+    (Flax NNX variables) make that walk cost more than a small step's compute. The runtime
+    keeps every job's state as a flat list, so each dispatch passes plain lists of arrays.
+    Typed PRNG keys are carried as key data and wrapped again here; static leaves come from the
+    layout. Why packed: the runtime reads every step's metrics, and one small array costs one
+    transfer where a dict of scalars costs one per leaf. Neither changes what the state is:
+    the same ops run on the same values.
+    """
+    import jax.numpy as jnp
+
+    def step(state_arrays, batch_arrays):
+        state = state_layout.merge(state_arrays)
+        batch = batch_layout.merge(batch_arrays)
+        out = fn(state, batch)
+        if not isinstance(out, tuple) or len(out) != 2:
+            raise TypeError(f"the step must return (new_state, metrics); it returned {_kind(out)}")
+        new_state, metrics = out
+        new_arrays, new_layout = layout_of(new_state)
+        promote = changed_numbers(state_layout, new_layout)
+        if promote:
+            raise Promote(promote)
+        why = state_layout.difference(new_layout)
+        if why is None:
+            for path, new, old in zip(state_layout.array_paths(), new_arrays, state_arrays):
+                if tuple(new.shape) != tuple(old.shape) or np.dtype(new.dtype) != np.dtype(old.dtype):
+                    why = f"state leaf {path!r} changed from {describe_aval(old)} to {describe_aval(new)}"
+                    break
+        if why is not None:
+            raise TypeError(f"the step must return a new state with the structure, dtypes and shapes "
+                            f"of the state it was given: {why}")
+        flat, _ = jax.tree_util.tree_flatten_with_path(metrics)
+        values = []
+        for path, v in flat:
+            if is_key(v) or not (is_array(v) or isinstance(v, (int, float, bool))) or np.size(v) != 1:
+                raise TypeError(f"metric {path_name(path) if path else 'value'!r} is "
+                                f"{describe_aval(v) if hasattr(v, 'dtype') else type(v).__name__}; "
+                                "metrics must be scalars (e.g. {'loss': loss}; reduce arrays with .mean())")
+            values.append(jnp.asarray(v).reshape(()).astype(jnp.float32))
+        names.append(tuple(_key(path) or "value" for path, _ in flat))
+        return new_arrays, (jnp.stack(values) if values else jnp.zeros((0,), jnp.float32))
+
+    return step
+
+
+def _kind(x: Any) -> str:
+    return f"a tuple of {len(x)}" if isinstance(x, tuple) else type(x).__name__
+
+
+def _key(path: Any) -> str:
+    return "/".join(str(getattr(p, "key", getattr(p, "idx", getattr(p, "name", p)))) for p in path)
+
+
+def _flops(compiled: Any) -> float | None:
+    try:
+        cost = compiled.cost_analysis()
+    except Exception:  # noqa: BLE001 - not every backend implements it
+        return None
+    if isinstance(cost, (list, tuple)):
+        cost = cost[0] if cost else None
+    flops = (cost or {}).get("flops")
+    return float(flops) if flops and flops > 0 else None
+
+

@@ -1,0 +1,230 @@
+"""The dispatcher's multi-step calls for fused groups: K group steps in one executable call.
+
+The same tiers as a solo job's (``tiers.py``, ``multicall.py``), for a group's program at its
+capacity: after its warm-up steps the group's K-step program compiles in the background, is
+checked against K single group steps from one copy of the stack (bit for bit) and measured,
+and the group moves to it at a step boundary. A call runs K steps of every member that steps
+in it (one mask for all K), so K never passes any stepping member's boundary or the batches it
+has ready. A group that grows or shrinks (another capacity) starts again at one step per call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import jax
+import numpy as np
+
+from ...sched import steps as ksteps
+from . import evaluation
+from ..compiled import multistep
+from ..causes import short_error
+from ..compiled.fusion import Group
+from ..compiled.multistep import MultiStep, Verdict
+from .multicall import _done
+from .tiers import Candidate, typical_step_s
+
+
+class GroupCalls:
+    """Multi-step calls of fused groups. A part of ``Dispatcher`` (dispatcher thread only)."""
+
+    def _group_tier(self, group: Group, li: int, pos: int) -> bool:
+        """A group's turn at its tiers: True if this turn's steps ran here."""
+        tier = group.tier
+        if tier.capacity != group.capacity:  # grown or shrunk: another program
+            group.tier = None
+            return False
+        if tier.pending is not None and tier.pending.done():
+            return self._promote_group(group, li, pos)
+        if tier.multi is not None:
+            k = self._group_steps_this_call(group, tier.available())
+            if k > 1:
+                self._dispatch_group_multi(group, li, pos, k)
+                return True
+        return False
+
+    def _group_steps_this_call(self, group: Group, available: tuple[int, ...]) -> int:
+        members = group.stepping()
+        if not members:
+            return 1
+        cap = None
+        if self.config.preemptive:
+            step_s = group.step_time_s if group.step_time_s is not None else group.tier.step_s
+            cap = max(ksteps.preemptive_cap(step_s, ksteps.QUANTUM_S / (1 + self.config.dispatch_ahead)), self.config.quantum)
+        k = max(available)
+        for _, job in members:
+            bounds = dataclasses.replace(self._bounds(job), cap=cap)
+            k = min(k, ksteps.steps_per_call(bounds, available))
+            if k == 1:
+                return 1
+        for _, job in members:
+            ready = self._ready_batches(job, k)
+            if ready < k:
+                k = ksteps.steps_per_call(ksteps.Bounds(ready=ready), available)
+                if k == 1:
+                    return 1
+        return k
+
+    def _take_group_batches(self, group: Group, k: int) -> tuple[dict, list, np.ndarray] | None:
+        """Every stepping member's next ``k`` batches, stacked (k, capacity, ...) per leaf, with
+        the slot mask; None (nothing taken) if a member's batch does not have the compiled shape
+        (the one-step path then fails that member alone)."""
+        members = group.stepping()
+        for _, job in members:
+            for i, batch in enumerate(job.batches):
+                if i == k:
+                    break
+                if not multistep.matches(batch, group.zero_batch):
+                    return None
+        taken = {}
+        for slot, job in members:
+            taken[slot] = (job, job.spec.start_step + job.dispatched, [job.batches.popleft() for _ in range(k)])
+            if self._fed(job):
+                self.feeder.request(job, k)
+        capacity = group.capacity
+        mask = np.zeros((capacity,), np.bool_)
+        mask[list(taken)] = True
+        stacked = []
+        for leaf, zero in enumerate(group.zero_batch):
+            out = np.empty((k, capacity) + zero.shape, zero.dtype)
+            for slot in range(capacity):
+                if slot in taken:
+                    for i, batch in enumerate(taken[slot][2]):
+                        out[i, slot] = batch[leaf]
+                else:
+                    out[:, slot] = zero
+            stacked.append(out)
+        return taken, stacked, mask
+
+    def _dispatch_group_multi(self, group: Group, li: int, pos: int, k: int) -> None:
+        got = self._take_group_batches(group, k)
+        if got is None:
+            self._dispatch_group(group, li, pos)
+            return
+        taken, stacked, mask = got
+        group.now = None
+        t = time.monotonic_ns()
+        try:
+            outs = self._call(group.tier.multi.executable, group.arrays, (stacked, mask), group.ident)
+        except Exception as err:  # noqa: BLE001 - as a fused step's error: its stack is gone
+            for job in group.members:
+                self.life.fail(job, f"fused steps of {group.name} raised: {short_error(err)}", err)
+                self.life.settle(job)
+            return
+        group.arrays = outs[0]
+        self._group_stepped(group, li, pos, taken, outs[1], t, k)
+        group.tier.steps_at[k] = group.tier.steps_at.get(k, 0) + k
+
+    def _group_stepped(self, group: Group, li: int, pos: int, taken: dict, rows: Any, t: int, k: int) -> None:
+        """Account ``k`` dispatched group steps of the members in ``taken``."""
+        group.steps_run += k
+        group.fused_member_steps += k * len(taken)
+        self.fused_member_steps += k * len(taken)
+        group.in_flight += 1
+        steps = {}
+        for slot, (job, step, _) in taken.items():
+            job.dispatched += k
+            job.in_flight += 1
+            if k > 1 or job.tier is not None:  # each member's steps per call (status, RESULTS)
+                member = self.tiers.tier(job)
+                member.steps_at[k] = member.steps_at.get(k, 0) + k
+                if group.tier is not None and group.tier.note:
+                    member.note = f"in {group.name}: {group.tier.note}"
+            if job.eval is not None:
+                evaluation.due(self, job, step + k - 1)
+            steps[slot] = (job, step)
+        self._took_turn(group, li, pos)
+        self._inflight.append((group, steps, rows, t, k))
+        due = [job for job, step in steps.values() if self.config.checkpoint_every and job.steps_left
+               and (step + k) % self.config.checkpoint_every == 0 and not self.recorder.saving(job)]
+        if due:
+            self._drain_inflight()
+            for job in due:
+                if job.error is None and not job.terminal:
+                    self.life.save(job, done=False)
+
+    # ------------------------------------------------------------------ promotion
+    def _consider_group(self, group: Group) -> None:
+        members = [job for _, job in group.stepping()]
+        if not members:
+            return
+        program, capacity, device = group.program, group.capacity, self.device
+        lefts = [job.steps_left for job in members]
+        periods = [p for p in (self._period(job) for job in members) if p is not None]
+        tier = self.tiers.tier(group)
+        if tier.capacity is None:
+            tier.capacity = capacity
+        self.tiers.consider(tier, Candidate(
+            key=_group_key(group),
+            compile=lambda form: multistep.compile_group_multi(program, capacity, form, device),
+            steps_done=group.steps_run, step_s=typical_step_s(group),
+            steps_left=None if any(x is None for x in lefts) else max(lefts),
+            gap_s=group.host_gap_s if group.host_gap_s is not None else self.timeline.host_gap_s,
+            period=min(periods) if periods else None))
+
+    def _promote_group(self, group: Group, li: int, pos: int) -> bool:
+        multi = self.tiers.take(group)
+        if multi is None:
+            return False
+        key = _group_key(group)
+        known = multistep.VERDICTS.get(key, multi.form)
+        if known is not None:
+            keep = known.exact if self.tiers.forced else known.kept
+            self.tiers.settle(group.tier, key, multi, None if keep else known,
+                              self._group_room(group, multi) if keep else False)
+            return False
+        k = multi.k
+        if self._group_steps_this_call(group, (1, k)) < k:
+            group.tier.pending = _done(multi)  # no room for K steps at this turn: at a later one
+            return False
+        self._drain_inflight()
+        if not group.stepping() or self._group_steps_this_call(group, (1, k)) < k:
+            group.tier.pending = _done(multi)
+            return False
+        got = self._take_group_batches(group, k)
+        if got is None:
+            group.tier.pending = _done(multi)
+            return False
+        verdict = self._check_group(group, li, pos, multi, *got)
+        keep = verdict.exact if self.tiers.forced else verdict.kept
+        self.tiers.settle(group.tier, key, multi, verdict, self._group_room(group, multi) if keep else False)
+        for job in group.members:
+            self.recorder.line(job, f"programs of {group.name}: {group.tier.note}")
+        return True
+
+    def _check_group(self, group: Group, li: int, pos: int, multi: MultiStep, taken: dict,
+                     stacked: list, mask: np.ndarray) -> Verdict:
+        k = multi.k
+        copies = [[x.copy() for x in group.arrays] for _ in range(2)]
+        scratch = self._scratch_ident(group)
+        arrays, rows = group.arrays, []
+        t = time.monotonic_ns()
+        t0 = time.perf_counter()
+        for i in range(k):
+            arrays, vec = self._call(group.fused.executable, arrays, ([x[i] for x in stacked], mask), group.ident)
+            rows.append(vec)
+        jax.block_until_ready(arrays)
+        single_s = (time.perf_counter() - t0) / k
+        group.arrays = arrays
+        values = np.stack([np.asarray(v) for v in rows])
+        self._group_stepped(group, li, pos, taken, values, t, k)
+        group.tier.steps_at[1] = group.tier.steps_at.get(1, 0) + k
+        verdict = self._compare(multi, copies, (stacked, mask), scratch, arrays, values)
+        return dataclasses.replace(verdict, single_step_s=single_s)
+
+    def _group_room(self, group: Group, multi: MultiStep) -> bool:
+        """Reserve the group's K-step ephemeral bytes in its lane (False: it does not fit)."""
+        fp = group.fused.footprint
+        ephemeral = max(fp.ephemeral, multi.footprint.ephemeral)
+        if ephemeral == fp.ephemeral:
+            return True
+        return bool(self.arena.resize(group.id, fp.resident, ephemeral))
+
+
+def _group_key(group: Group) -> str:
+    return f"{group.program.key}/fused{group.capacity}"
+
+
+

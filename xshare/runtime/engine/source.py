@@ -1,0 +1,262 @@
+"""Batches for a job: a uniform view over its data, ``produce`` (one batch, whichever thread
+makes it), and the feeder threads a runtime shares among its jobs for slow data.
+
+Cheap data is made by the dispatcher right before the step, as in a plain loop; slow data is
+made ahead by the feeder, at most ``prefetch`` batches per job (charged as ``staging`` memory).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+from collections import OrderedDict
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import jax
+import numpy as np
+
+from ..._errors import XShareError
+from ..compiled.leaves import layout_of
+
+
+@dataclass(frozen=True)
+class DataError:
+    """The data source raised while producing batch ``step``: fails that job alone."""
+
+    step: int
+    error: BaseException
+
+
+END = object()  # the data ran out (or the job's step count was reached)
+
+
+class BatchMismatch(XShareError):
+    """A batch whose pytree structure differs from the one the step was compiled for."""
+
+
+# Iterator states kept per job (a checkpoint asks for the one at its step, which is at most the
+# prefetched and in-flight batches behind the newest): a bound, not a working set.
+KEEP_STATES = 1024
+
+
+class BatchSource:
+    """Batches ``start .. stop`` of a job's data, whether it is an iterable or ``step -> batch``.
+
+    An iterator with ``get_state``/``set_state`` (Grain's dataset and ``DataLoader`` iterators,
+    or any such, duck-typed) is *checkpointable*: its state after each batch is kept, a
+    checkpoint at step ``s`` saves ``state_at(s)``, and a resumed job gives it back with
+    ``set_state`` and reads only the batches after ``s``. Any other iterable cannot seek: a
+    resumed job replays (makes and drops) its first ``start`` batches (``replayed``)."""
+
+    def __init__(self, data: Any, *, start: int, stop: int | None, data_state: Any = None):
+        self.start, self.stop = start, stop
+        self._callable = callable(data) and not hasattr(data, "__iter__")
+        self._data = data
+        self._iter: Iterator | None = None
+        self._peeked: list[Any] = []
+        self.next_step = start
+        self.data_state = data_state    # the checkpoint's iterator state at ``start``, if any
+        self.stateful = False           # the iterator has get_state/set_state
+        self.replayed = 0               # batches made and dropped to reach ``start``
+        self._states: OrderedDict[int, Any] = OrderedDict()  # step -> state before its batch
+
+    def _open(self) -> None:
+        if self._iter is None and not self._callable:
+            self._iter = iter(self._data)
+            self.stateful = (callable(getattr(self._iter, "get_state", None))
+                             and callable(getattr(self._iter, "set_state", None)))
+            it: Any = self._iter  # (an iterator with get_state/set_state: checked above)
+            if self.start and self.stateful and self.data_state is not None:
+                it.set_state(self.data_state)
+            else:
+                for _ in range(self.start):
+                    next(self._iter)
+                self.replayed = self.start
+            if self.stateful:
+                self._states[self.start] = it.get_state()
+
+    def state_at(self, step: int) -> Any:
+        """The iterator's state after ``step`` batches (None: not checkpointable, or unknown)."""
+        return self._states.get(step)
+
+    def peek(self) -> Any:
+        """The first batch, kept to be served again by ``next`` (the compiler needs its shapes)."""
+        if not self._peeked:
+            item = self._produce()
+            if item is END:
+                return END
+            self._peeked.append(item)
+        return self._peeked[0]
+
+    def _produce(self) -> Any:
+        step = self.next_step + len(self._peeked)
+        if self.stop is not None and step >= self.stop:
+            return END
+        if self._callable:
+            return self._data(step)
+        self._open()
+        assert self._iter is not None  # (opened above: not a callable source)
+        try:
+            batch = next(self._iter)
+        except StopIteration:
+            return END
+        if self.stateful:
+            self._states[step + 1] = self._iter.get_state()  # type: ignore[attr-defined]  # (stateful: it has one)
+            if len(self._states) > KEEP_STATES:
+                self._states.popitem(last=False)
+        return batch
+
+    def next(self) -> Any:
+        item = self._peeked.pop(0) if self._peeked else self._produce()
+        if item is not END:
+            self.next_step += 1
+        return item
+
+
+# A job whose batches take longer than this to make is fed by the feeder threads, ahead of its
+# steps, so making them overlaps the device's work. Cheaper data is made by the dispatcher right
+# before the step, as a plain loop would: handing a batch between threads costs more than that
+# (a queue put, a thread wake-up, and the two threads taking turns at the GIL).
+FEED_ABOVE_S = 100e-6
+FEED_ABOVE_S_CPU = 1e-3  # on CPU the compute competes with the feeder for the same cores
+
+
+def produce(job: Any, device: Any, *, blocking: bool = True) -> bool:
+    """Produce ``job``'s next batch into ``job.batches`` (a batch as flat leaves, ``END``, or a
+    ``DataError``); False if another thread is producing for it right now (``blocking=False``).
+
+    The job's feed lock serializes production, so batches land in step order whichever thread
+    (a feeder, or the dispatcher when the feeder is behind) makes them.
+    """
+    # Uncontended (the usual case) a non-blocking acquire never gives up the GIL.
+    if not job.feed_lock.acquire(False) and not (blocking and job.feed_lock.acquire()):
+        return False
+    try:
+        source = job.source
+        if source is None or job.data_done:
+            return True  # ended, or ran dry, since it asked
+        step = source.next_step
+        t0 = time.perf_counter()
+        try:
+            batch = source.next()
+            if batch is not END:
+                layout = job.batch_layout
+                if layout.plain:  # the common case: a flatten and a structure check
+                    leaves, treedef = jax.tree.flatten(batch)
+                    if treedef != layout.treedef:
+                        raise BatchMismatch(f"batch {step} does not match the compiled step: its "
+                                            f"structure is {treedef}, expected {layout.treedef}")
+                else:  # PRNG keys or static leaves in the batch
+                    leaves, got = layout_of(batch)
+                    why = layout.difference(got, what="batch")
+                    if why is not None:
+                        raise BatchMismatch(f"batch {step} does not match the compiled step: {why}")
+                # A group member's leaves are copied when its group stacks them (np.stack): a
+                # copy here would be a second one per leaf per step.
+                batch = leaves if job.group is not None else own(leaves, device)
+        except BaseException as err:  # noqa: BLE001 - any failure of user data fails the job
+            batch = DataError(step, err)
+        dt = time.perf_counter() - t0
+        # A slowly rising minimum, not a mean: a thread preempted mid-batch (a shared machine,
+        # the GIL) must not make cheap data look expensive, while data that truly got slower
+        # raises it by 2% a batch.
+        job.data_s = dt if job.data_s is None else min(dt, job.data_s * 1.02)
+        job.batches.append(batch)
+        if batch is END or isinstance(batch, DataError):
+            job.source = None  # produce nothing more for it
+        return True
+    finally:
+        job.feed_lock.release()
+
+
+def own(leaves: list, device: Any) -> list:
+    """Batch leaves the runtime owns (it donates every batch, so it must never consume an array
+    the user still holds). On CPU a numpy copy is all it takes, and the executable's C++ call
+    path takes numpy at a few microseconds where ``device_put`` costs tens; elsewhere the
+    ``device_put`` starts the host-to-device copy now, overlapping other jobs' steps."""
+    if device.platform == "cpu":
+        return [np.array(x, copy=True) if not isinstance(x, jax.Array)
+                else jax.device_put(x, device, may_alias=False) for x in leaves]
+    return jax.device_put(leaves, device, may_alias=False)
+
+
+class Feeder:
+    """A few prefetch threads for every job (not one per job: threads must not grow with jobs).
+    Each job is served by one of them (``job.id % workers``), so its batches come in order.
+
+    The dispatcher asks for a job's next batch with ``request(job)`` each time it takes one (and
+    ``depth`` times when the job starts); the feeder produces it from the job's source, checks
+    its structure, ``device_put``s it (asynchronous: the copy overlaps other jobs' steps) and
+    appends it to ``job.batches``. The depth bound is charged to the job as ``staging`` memory.
+    A source that raises puts a ``DataError`` in the job's batches instead: that fails the job
+    alone. ``on_ready`` is called after a batch lands (the dispatcher wakes only if it idles).
+    """
+
+    def __init__(self, device: Any, *, on_ready: Callable[[], None], workers: int = 2):
+        self.device = device
+        self._queues: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in range(max(workers, 1))]
+        self._on_ready = on_ready
+        self._threads = [threading.Thread(target=self._run, args=(q,), name=f"xshare-feeder-{i}",
+                                          daemon=True) for i, q in enumerate(self._queues)]
+        for t in self._threads:
+            t.start()
+
+    def request(self, job: Any, n: int = 1) -> None:
+        q = self._queues[job.id % len(self._queues)]
+        for _ in range(n):
+            q.put(job)
+
+    def close(self) -> None:
+        for q in self._queues:
+            q.put(None)
+        for t in self._threads:
+            t.join(timeout=5)
+
+    def _run(self, requests: queue.SimpleQueue) -> None:
+        while True:
+            job = requests.get()
+            if job is None:
+                return
+            if job.data_done or job.terminal or job.source is None:
+                continue  # ended (or ran dry) since it asked
+            if len(job.batches) >= job.prefetch_depth:
+                continue  # the dispatcher made this one itself while we were behind
+            try:
+                self._produce(job)
+            except BaseException:  # never let the one feeder thread die (logged)
+                import logging
+                logging.getLogger("xshare.runtime").exception("feeder: job %r", job.name)
+
+    def _produce(self, job: Any) -> None:
+        produce(job, self.device)
+        self._on_ready()
+
+
+class LazyFeeder:
+    """The feeder starts with the first request (a Runtime that never runs a job has none).
+    ``device()`` and ``on_ready()`` are asked then: the runtime's device and the dispatcher's
+    ``poke`` (the dispatcher may not exist yet when this is made)."""
+
+    def __init__(self, device: Callable[[], Any], on_ready: Callable[[], Callable[[], None]]):
+        self._device, self._on_ready = device, on_ready
+        self._feeder: Feeder | None = None
+        self._lock = threading.Lock()
+
+    def request(self, job: Any, n: int = 1) -> None:
+        feeder = self._feeder
+        if feeder is None:
+            with self._lock:
+                if self._feeder is None:
+                    # Two threads: data code (numpy, decoding) runs beside the dispatcher; more
+                    # would only contend for the GIL with it.
+                    self._feeder = Feeder(self._device(), on_ready=self._on_ready(),
+                                          workers=min(2, os.cpu_count() or 1))
+                feeder = self._feeder
+        feeder.request(job, n)
+
+    def close(self) -> None:
+        if self._feeder is not None:
+            self._feeder.close()

@@ -1,0 +1,222 @@
+"""Programs promoted in the background: a job starts on its one-step program and moves to a
+K-step one (``multistep.py``) when that is compiled, checked and measured faster.
+
+Like a JIT's tiered compilation: run the cheap version now, compile the better one beside it,
+swap at a safe point. Here the safe point is a step boundary of the job, the compile runs on
+the runtime's compile pool (never on the dispatcher thread, so no job waits for it), and the
+swap is kept only if it passes the check (``Tiers.check``): K single steps and one K-step call
+from the same state and the same batches end bit-identical, and the K-step call costs less per
+step. Otherwise the job stays where it was, and ``explain()`` says why.
+
+Who does what: ``Tiers`` (this object, owned by the dispatcher) decides when to compile and
+keeps each job's ``JobTier``; the executor runs the check's steps and the K-step calls. The
+arithmetic of the decisions is pure, in ``xshare/sched/steps.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ...sched.steps import pow2_floor, promotion_pays
+from ..compiled import multistep
+from ..compiled.multistep import FORMS, Form, MultiStep, Verdict
+
+log = logging.getLogger("xshare.runtime")
+
+# Steps a job runs on its one-step program before the runtime weighs a promotion: enough for
+# its step time and host gap to be measured (the fences' timeline or the host timing).
+WARM_STEPS = 8
+# A scan's compile costs about one step program's compile (its body is compiled once), an
+# unrolled one about K bodies' worth; estimates until this process has measured one.
+_ROLLED_FACTOR, _UNROLLED_FACTOR = 1.5, 4.0
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """What the tiers weigh of a job or a fused group (plain data, made by the dispatcher)."""
+
+    key: str                          # verdicts are per key: the program's (a group's: + capacity)
+    compile: Callable[[Form], Any]    # compiles its K-step program in a form (on the tier thread)
+    steps_done: int
+    step_s: float | None              # measured seconds per step (device time)
+    steps_left: int | None            # over every live unit of the program (None: open-ended)
+    gap_s: float | None               # measured host gap per step
+    period: int | None                # fewest steps between two of its boundaries
+
+
+@dataclass(eq=False)
+class JobTier:
+    """One job's place among its programs (written on the dispatcher thread only)."""
+
+    multi: MultiStep | None = None       # the K-step program it runs; None: one step per call
+    pending: Future | None = None        # a K-step program compiling on the pool
+    form: Form | None = None             # the form pending or running
+    tried: list[Form] = field(default_factory=list)
+    considered: bool = False             # weighed once (again when a form fails)
+    note: str = ""                       # why it is where it is (explain, status)
+    step_s: float | None = None          # measured by the check: seconds per step at K
+    capacity: int | None = None          # a fused group's: the capacity its programs are for
+    steps_at: dict[int, int] = field(default_factory=dict)  # steps run per K (RESULTS: tiers)
+
+    def available(self) -> tuple[int, ...]:
+        return (1, self.multi.k) if self.multi is not None else (1,)
+
+
+class Tiers:
+    """When to compile a job's K-step program, and what became of it."""
+
+    def __init__(self, *, device: Any, submit: Callable[[Callable[[], Any]], Future] | None,
+                 max_k: int, forced: bool = False, compile_estimate: Callable[[], float | None]):
+        self.device = device
+        self._submit = submit
+        self.max_k = max_k                           # steps per call at most (1: tiers off)
+        # The user asked for K (``Runtime(steps_per_call=K)``): compile it for every job without
+        # weighing the compile or the measured speed; exactness is still checked.
+        self.forced = forced
+        self.enabled = max_k > 1 and submit is not None
+        self._compile_estimate = compile_estimate   # mean seconds of this process's compiles
+
+    def tier(self, unit: Any) -> JobTier:
+        tier = unit.tier
+        if tier is None:
+            tier = unit.tier = JobTier()
+        return tier
+
+    def consider(self, tier: JobTier, c: "Candidate") -> None:
+        """Start compiling the unit's next form if the steps its program has left (over every
+        live unit that runs it) repay the compile. A form already checked (by any unit, any
+        runtime of the process, or an earlier process: ``Verdicts``) is adopted without
+        weighing again; one that failed is skipped."""
+        if not self.enabled or tier.considered or tier.pending is not None or tier.multi is not None:
+            return
+        tier.considered = True
+        while True:
+            form = next((f for f in self.forms(c.period) if f not in tier.tried), None)
+            if form is None:
+                if not tier.note:
+                    tier.note = (f"one step per call: its boundaries (evaluation, checkpoint, reports) "
+                                 f"come every {c.period} step(s)" if c.period is not None and c.period < 2
+                                 else "one step per call")
+                return
+            known = multistep.VERDICTS.get(c.key, form)
+            if known is None or (known.exact if self.forced else known.kept):
+                break  # usable
+            tier.tried.append(form)  # checked before and not kept: the next form
+            tier.note = known.describe()
+        if known is None and c.steps_done < WARM_STEPS:
+            tier.considered = False  # weighed once its step time is measured
+            tier.tried = [f for f in tier.tried if f != form]
+            return
+        if self.forced or known is not None:
+            self._start(tier, c, form)
+            return
+        if c.step_s is None:
+            tier.considered = False
+            return
+        # What a K-step call saves is the per-call cost (dispatch, the call, reading its
+        # metrics, the runtime's bookkeeping) of K-1 of every K steps; the step's own work stays.
+        # It is not measurable before the program exists (the fences' gap sees only the Python
+        # between calls: ~9 us of a measured 115 us saving for a small MLP), so it is what the
+        # forms checked so far measured (Verdicts.typical_call_s), never more than most of the step.
+        now = c.step_s + (c.gap_s or 0.0)
+        after = now - min(multistep.VERDICTS.typical_call_s() * (1 - 1 / form.k), 0.9 * now)
+        estimate = (self._compile_estimate() or 0.5) * (_UNROLLED_FACTOR if form.unroll else _ROLLED_FACTOR)
+        if promotion_pays(c.steps_left, now, after, estimate):
+            tier.note = (f"compiling {form.describe()}: ~{(now - after) * 1e6:.0f} us/step to save over "
+                         f"{c.steps_left} steps left, more than its compile (~{estimate:.2f} s)")
+            log.debug("%s", tier.note)
+            self._start(tier, c, form)
+        else:
+            tier.note = (f"one step per call: {form.describe()} would save ~{(now - after) * 1e6:.0f} us/step "
+                         f"over {c.steps_left} steps left, less than its compile (~{estimate:.2f} s)")
+
+    def forms(self, period: int | None) -> list[Form]:
+        """The forms to try, K no larger than ``period`` or this runtime's cap (powers of two)."""
+        cap = min(self.max_k, period or self.max_k)
+        out = []
+        for form in FORMS:
+            k = min(form.k, pow2_floor(cap))
+            if k >= 2 and Form(k, form.unroll) not in out:
+                out.append(Form(k, form.unroll))
+        return out
+
+    def _start(self, tier: JobTier, c: "Candidate", form: Form) -> None:
+        tier.form = form
+        tier.tried.append(form)
+        build = c.compile
+        assert self._submit is not None  # (only an enabled Tiers starts a compile: it has a pool)
+        try:
+            tier.pending = self._submit(lambda: build(form))
+        except RuntimeError:  # the runtime is closing (its compile thread is shut down)
+            tier.pending = None
+            self.enabled = False
+
+    def ready(self, job: Any) -> bool:
+        """Whether a pending K-step program finished compiling (the dispatcher then checks it
+        at the job's next turn)."""
+        tier = job.tier
+        return tier is not None and tier.pending is not None and tier.pending.done()
+
+    def take(self, job: Any) -> MultiStep | None:
+        """The compiled program of a finished compile (None if it failed: noted, not fatal)."""
+        tier = job.tier
+        fut, tier.pending = tier.pending, None
+        try:
+            return fut.result()
+        except Exception as err:  # noqa: BLE001 - a failed promotion leaves the job where it is
+            tier.note = f"{tier.form.describe()} did not compile: {type(err).__name__}: {err}"
+            log.info("job %r: %s", job.name, tier.note)
+            return None
+
+    def settle(self, tier: JobTier, key: str, multi: MultiStep, verdict: Verdict | None, fits: bool) -> bool:
+        """Record what the check found (``verdict`` None: a verdict already known to pass);
+        True if the unit now runs ``multi``."""
+        if verdict is not None:
+            multistep.VERDICTS.put(key, verdict)
+        if verdict is not None and not (verdict.exact if self.forced else verdict.kept):
+            tier.note = verdict.describe()
+            tier.considered = False  # the next form, if any, is weighed at its next turn
+            return False
+        if not fits:
+            tier.note = f"{multi.form.describe()} not kept: its batches do not fit the arena"
+            return False
+        tier.multi = multi
+        verdict = verdict or multistep.VERDICTS.get(key, multi.form)
+        assert verdict is not None  # None was passed for a verdict the caller found in VERDICTS
+        tier.note, tier.step_s = verdict.describe(), verdict.multi_step_s or None
+        return True
+
+    def forget(self, job: Any) -> None:
+        """The job ended: a compile in flight goes on (the program is shared), its result unused."""
+        tier = job.tier
+        if tier is not None:
+            tier.pending = None
+
+
+def explain(tier: JobTier | None) -> str:
+    """Why a job runs where it runs (which K-step form it kept, or why none)."""
+    if tier is None or not tier.note:
+        return "one step per call"
+    return tier.note
+
+
+def steps_per_call(job: Any) -> dict[str, int]:
+    """A job's steps by how many ran per call: ``{"1": n1, "16": n16}`` (status, RESULTS)."""
+    multi = {k: n for k, n in (job.tier.steps_at.items() if job.tier is not None else ()) if k > 1}
+    out = {"1": max(int(job.steps_done) - sum(multi.values()), 0)}
+    out.update({str(k): int(n) for k, n in sorted(multi.items())})
+    return out
+
+
+def typical_step_s(unit: Any) -> float | None:
+    """The median of a unit's measured step times, its first two left out (a program's first
+    runs pay one-time costs: an EMA over a handful of steps still carries them, and a promotion
+    weighed on them overestimates what K steps per call would save)."""
+    times = list(unit.step_times)[2:]
+    if len(times) < 3:
+        return None
+    times.sort()
+    return times[len(times) // 2]
