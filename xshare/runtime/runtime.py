@@ -178,7 +178,7 @@ class Runtime(Preparation, Deployments, Controls):
             # loads, which say nothing of a miss)
             compile_estimate=lambda: max(PROGRAMS.slowest_compile_s, COLD_COMPILE_S))
         self._sweeps = Sweeps(self.device)     # fused runtimes: which program each job runs
-        self._dispatcher.sweeps = self._sweeps
+        self._dispatcher.groups.sweeps = self._sweeps
         self._pool = ThreadPoolExecutor(max_workers=compile_workers, thread_name_prefix="xshare-compile")
         # K-step programs (tiers.py) compile on a thread of their own: a job's first program
         # never queues behind another job's promotion, and close() need not wait for them.

@@ -20,7 +20,6 @@ from __future__ import annotations
 import threading
 import time
 import warnings
-from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -32,7 +31,6 @@ import numpy as np
 from ... import ffi
 from ...memory.footprint import Footprint, footprint_from_analysis
 from .compiler import CompiledStep, tree_nbytes
-from ..engine.states import JobState
 
 GROUP_INFLIGHT_BYTES = 64 << 20    # ... as long as the in-flight stacked batches stay under this
 
@@ -198,88 +196,6 @@ def regroup(states: list, slots: list[int], capacity: int) -> list:
     if on_host(states):
         return [x[idx] for x in states]
     return _gather(states, idx)
-
-
-class Group:
-    """A fusion group as the dispatcher schedules it: one runnable unit with members (it
-    implements ``records.Unit``, as a job does; whether it is ready to step is the planner's
-    question, ``Dispatcher._ready``, since it depends on its members' batches)."""
-
-    def __init__(self, gid: int, program: CompiledStep, fused: FusedProgram, lane: int, arrays: list,
-                 ident: Any, *, name: str):
-        self.id, self.program, self.fused = gid, program, fused
-        self.lane, self.arrays, self.ident = lane, arrays, ident
-        self.slots: list[Any] = [None] * fused.capacity
-        self.name = name
-        self.in_flight = 0
-        self.last_seq, self.turn_steps = -1, 0
-        self.device_time_s, self.step_time_s, self.steps_recorded = 0.0, None, 0
-        self.host_gap_s: float | None = None
-        self.step_times: deque = deque(maxlen=256)
-        self.steps_run = 0              # group steps dispatched
-        self.fused_member_steps = 0     # member steps run fused (for the fusion fraction)
-        self.error = None
-        zeros = [np.zeros(s.shape, s.dtype) for s in jax.tree.leaves(program.batch_struct)]
-        self.zero_batch = zeros         # what an idle slot is fed (its result is masked away)
-        self._batch_bytes = sum(z.nbytes for z in zeros)
-        self.now: list | None = None    # the members of the step being dispatched (dispatcher)
-        self.tier: Any = None           # its K-step program, if promoted (tiers.JobTier)
-
-    # What the policy sees of a group (sched/ docs: a group is one runnable unit).
-    is_group = True  # the Unit protocol (records.Unit)
-
-    @property
-    def capacity(self) -> int:
-        return self.fused.capacity
-
-    @property
-    def footprint(self) -> Any:
-        """The reservation the group holds (its fused program's, staging included)."""
-        return self.fused.footprint
-
-    @property
-    def step_batch_bytes(self) -> int:
-        """The bytes of one group step's stacked batch."""
-        return self.capacity * self._batch_bytes
-
-    @property
-    def members(self) -> list[Any]:
-        return [j for j in self.slots if j is not None]
-
-    def stepping(self) -> list[tuple[int, Any]]:
-        """(slot, member) of the members that take part in the next group step."""
-        running = JobState.RUNNING
-        return [(i, j) for i, j in enumerate(self.slots)
-                if j is not None and j.state is running and j.error is None and j.steps_left != 0]
-
-    @property
-    def arrival_s(self) -> float:
-        return min((j.arrival_s for j in self.members), default=0.0)
-
-    @property
-    def priority(self) -> int:
-        return max((j.priority for j in self.members), default=0)   # its most urgent member
-
-    @property
-    def steps_left(self) -> int | None:
-        lefts = [j.steps_left for _, j in self.stepping()]
-        if not lefts:
-            return 0
-        return None if any(x is None for x in lefts) else max(lefts)  # its longest member
-
-    @property
-    def dispatched(self) -> int:
-        return self.steps_run
-
-    def step_estimate_s(self, flops_per_s: float | None = None) -> float:
-        if self.step_time_s is not None:
-            return self.step_time_s
-        if self.fused.flops and flops_per_s:
-            return max(self.fused.flops / flops_per_s, 1e-6)
-        return 1e-3
-
-    def free_slot(self) -> int | None:
-        return next((i for i, j in enumerate(self.slots) if j is None), None)
 
 
 # ---------------------------------------------------------------------------- planning (dry run)

@@ -18,18 +18,19 @@ events between steps, so no lock is held on the hot path. With ``debug_ownership
 suite turns it on, ``XSHARE_DEBUG_OWNERSHIP=1``), the parts' entry points assert that they run on
 this thread.
 
-The parts, one job each, composed into ``Dispatcher`` (they share its tables):
+The parts, one job each, composed into ``Dispatcher``:
 
 * ``units.Units``          the tables: live jobs, running units, lanes' current units;
 * ``planner.Planner``      which unit steps next (the policy's View -> Decision -> Plan);
 * ``admission.Admission``  the ledger: admit, place, queue, swap to host and back;
+* ``groups.Groups``        fusion groups: open, join, adopt, grow, shrink, leave;
 * ``lifecycle.Lifecycle``  how jobs end: fail, finish, checkpoint, and ``end``, the one call;
 
-objects that own their state and know no jax (their device effects go through
-``placement.Placer`` and callables this class passes in), and the device-side parts, still
-mixins over this class: ``executor.Executor`` (steps in flight: dispatch, retire, metrics rows),
-``multicall.MultiCalls`` / ``multigroup.GroupCalls`` (K-step calls), ``groups.Groups`` (fusion
-groups: open, join, adopt, grow, shrink, leave). See docs/explanation/architecture.md.
+objects that own their state and import no jax (their device effects go through
+``placement.Placer``, ``group_device.GroupDevice`` and callables this class passes in), and the
+executing parts, still mixins over this class: ``executor.Executor`` (steps in flight:
+dispatch, retire, metrics rows) and ``multicall.MultiCalls`` / ``multigroup.GroupCalls`` (K-step
+calls). See docs/explanation/architecture.md.
 
 Per step the dispatcher does O(1) work: advance the plan's cursor, take the unit's batch, call
 the shared executable, retire the oldest in-flight step. Pipelining: up to ``1 + dispatch_ahead``
@@ -51,11 +52,11 @@ from typing import Any, Callable, Iterator
 from ..._errors import XShareError
 from ..causes import short_error
 from ..config import RuntimeConfig
-from ..compiled.fusion import Group
 from . import evaluation
 from .admission import Admission
 from .events import Cancel, Control, Pause, Resume, SetPriority
 from .executor import Executor
+from .group_device import GroupDevice
 from .groups import Groups
 from .lifecycle import Lifecycle
 from .multicall import MultiCalls
@@ -77,7 +78,7 @@ def debug_ownership_default() -> bool:
     return os.environ.get("XSHARE_DEBUG_OWNERSHIP", "") not in ("", "0")
 
 
-class Dispatcher(Executor, MultiCalls, GroupCalls, Groups):
+class Dispatcher(Executor, MultiCalls, GroupCalls):
     def __init__(self, *, policy: Any, arena: Any, device: Any, feeder: Any, recorder: Any,
                  timeline: Any, ring: int | None, t0: float, on_end: Callable[[JobRecord], None],
                  config: RuntimeConfig, capacity_source: str = "", ids: Iterator[int] | None = None,
@@ -95,17 +96,23 @@ class Dispatcher(Executor, MultiCalls, GroupCalls, Groups):
         self.admission = Admission(self.units, arena, Placer(device, ring), recorder,
                                    capacity_source=capacity_source,
                                    staging=self.config.prefetch + self.config.dispatch_ahead, t0=t0, clock=clock,
-                                   join=self._join_group if config.fuse else None, started=self._feed)
+                                   started=self._feed)
+        # Fusion groups (fused runtimes): the admission asks them first (groups.py).
+        self.groups = Groups(self.units, arena, self.admission, recorder,
+                             GroupDevice(device, ring, config.staging), floor=config.group_capacity,
+                             ids=self.ids, timeline=timeline, drain=self._drain_inflight)
+        if config.fuse:
+            self.admission.join = self.groups.join
         # K-step programs promoted in the background (tiers.py, multicall.py).
         self.tiers = Tiers(device=device, submit=submit, max_k=config.steps_per_call,
                            forced=config.steps_forced, compile_estimate=compile_estimate)
         self.life = Lifecycle(self.units, recorder, t0=t0, clock=clock,
                               checkpoint_dir=config.checkpoint_dir, read_state=read_state,
                               forget=(self.admission.forget, self._forget_evaluation,
-                                      self._forget_group, self.tiers.forget),
+                                      self.groups.forget, self.tiers.forget),
                               release=self.admission.withdraw, flush=self._flush_rows_if_any,
                               on_end=on_end)
-        self.admission.refuse = self.life.abort
+        self.admission.refuse = self.groups.abort = self.life.abort
         self._events: deque = deque()
         self._inflight: deque = deque()
         self._seq = 0
@@ -114,9 +121,6 @@ class Dispatcher(Executor, MultiCalls, GroupCalls, Groups):
         self._idle = False
         self._wake = threading.Event()
         self.fused_member_steps = 0                    # member steps run in fused groups, ever
-        self.groups: dict[int, Group] = {}            # fusion groups, by id
-        self._groups_opened = 0
-        self.sweeps: Any = None                        # the runtime's Sweeps (fused runtimes)
         self._log = recorder.log_dir is not None
         self._last_retire_ns = 0
         self._feed_above = FEED_ABOVE_S_CPU if device.platform == "cpu" else FEED_ABOVE_S
@@ -250,10 +254,6 @@ class Dispatcher(Executor, MultiCalls, GroupCalls, Groups):
         if job.eval is not None or job.id in self.units.evaluating:
             evaluation.release(self, job)
 
-    def _forget_group(self, job: JobRecord) -> None:
-        if job.group is not None:
-            self._leave_group(job)
-
     def _flush_rows_if_any(self) -> None:
         if self._rows:
             self._flush_rows()
@@ -333,7 +333,7 @@ class Dispatcher(Executor, MultiCalls, GroupCalls, Groups):
                 # A member's state leaves its slot for host memory; its memory was the group's,
                 # so nothing is freed in the arena unless the group empties or shrinks.
                 job.arrays = state_of(job)
-                self._leave_group(job)
+                self.groups.leave(job)
             self.admission.swap_out(job)
 
     def resume(self, job: JobRecord) -> None:

@@ -19,7 +19,7 @@ import numpy as np
 from . import evaluation
 from ..compiled import fusion
 from ..causes import dispatch_error, short_error
-from ..compiled.fusion import Group
+from .group import Group
 from .records import JobRecord
 from .source import END, BatchMismatch, DataError
 from .states import JobState
@@ -143,7 +143,7 @@ class Executor:
         except Exception as err:  # noqa: BLE001 - an error inside the fused step
             # The step's donated inputs, the whole stack, are gone with it: every member fails,
             # the paused ones too (their slots were in the stack). The group dissolves as the
-            # last one leaves (_finalize -> _leave_group).
+            # last one leaves (Lifecycle.end -> Groups.leave).
             for job in group.members:
                 self.life.fail(job, f"fused step of {group.name} raised: {short_error(err)}", err)
                 self.life.settle(job)

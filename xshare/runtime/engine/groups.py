@@ -1,43 +1,68 @@
-"""The dispatcher's fusion-group lifecycle: open, join, adopt, grow, shrink, leave.
+"""Fusion groups' lifecycle: open, join, adopt, grow, shrink, leave.
 
-A group (``fusion.Group``) is one runnable unit to the planner and one reservation in the arena;
+A group (``group.Group``) is one runnable unit to the planner and one reservation in the arena;
 its members stay jobs. There is no group of one: a group opens for jobs submitted together, or
 when a later job finds running jobs of its program (or of its constant-lifted family, see
-``sweeps``) that it can adopt at a step boundary. Under a runtime's ``group_capacity`` (a floor,
-``sched/capacity.py``) groups open with at least that many slots, a lone job of a program others
-run opens one, and a group never shrinks below it. Runs on the dispatcher thread only.
+``compiled/sweeps.py``) that it can adopt at a step boundary. Under a runtime's
+``group_capacity`` (a floor, ``sched/capacity.py``) groups open with at least that many slots,
+a lone job of a program others run opens one, and a group never shrinks below it.
+
+No jax here: compiling a group's program and moving states in its stack go through a
+``GroupDevice`` (``group_device.py``), so the group decisions are tested on hand-made jobs and
+the real (pure) arena (``tests/runtime/engine/test_groups.py``). Owned by the dispatcher thread.
 """
 
 from __future__ import annotations
 
-import logging
-from typing import Any
+from typing import Any, Callable, Protocol
 
-import jax
-
-from ... import ffi
 from ...memory import Admitted
 from ...sched.capacity import open_capacity, opens_alone, shrink_pays, shrink_target
-from ..compiled import fusion
 from ..causes import short_error
-from ..compiled.fusion import Group
-from .records import JobRecord
-from .source import own
+from .admission import Admission
+from .group import Group
 from .states import JobState
-
-log = logging.getLogger("xshare.runtime")
+from .units import Units
 
 S = JobState
 
 
-class Groups:
-    """Fusion groups: the lifecycle of the units that hold several jobs. A part of ``Dispatcher``:
-    its methods run on the dispatcher thread and share the dispatcher's tables."""
+class GroupDevice(Protocol):
+    """The device effects of groups (``group_device.GroupDevice``)."""
 
-    def _join_group(self, job: JobRecord) -> bool:
+    def program(self, program: Any, capacity: int) -> Any: ...
+
+    def cached(self, program: Any, capacity: int) -> bool: ...
+
+    def open(self, gid: int, program: Any, fused: Any, lane: int, name: str) -> Group: ...
+
+    def put(self, group: Group, leaves: list, slot: int) -> None: ...
+
+    def regroup(self, group: Group, slots: list[int], fused: Any) -> None: ...
+
+    def own_batches(self, job: Any) -> None: ...
+
+
+class Groups:
+    """The fusion groups of one runtime, by id.
+
+    ``drain()``: retire every step in flight (a group's stack is rebuilt, or a job moves into
+    one, from the newest state). ``abort(job, cause, err)``: end a job that cannot join (the
+    lifecycle's). ``sweeps``: the runtime's ``Sweeps`` (which running jobs a program can adopt).
+    """
+
+    def __init__(self, units: Units, arena: Any, admission: Admission, recorder: Any, device: GroupDevice, *,
+                 floor: int | None, ids: Any, timeline: Any, drain: Callable[[], None]):
+        self.units, self.arena, self.admission, self.recorder = units, arena, admission, recorder
+        self.device, self.floor, self.ids, self.timeline, self.drain = device, floor, ids, timeline, drain
+        self.abort: Callable[[Any, str, BaseException | None], None] = _unwired
+        self.sweeps: Any = None
+        self.groups: dict[int, Group] = {}
+        self.opened = 0
+
+    def join(self, job: Any) -> bool:
         """Put ``job`` in a slot of a group of its program (growing the group, or opening one,
         if memory allows). False: it runs on its own (no room for a group)."""
-        self.owned()
         key = job.program.key
         same = [g for g in self.groups.values() if g.program.key == key]
         group = next((g for g in same if g.free_slot() is not None), None)
@@ -49,21 +74,20 @@ class Groups:
             # program (or its unlifted family) that run alone now and move in at this boundary.
             # With a floor (``group_capacity``), a job of a program others run opens it alone.
             solos = self._adoptable(job)
-            floor = self.config.group_capacity
-            if not opens_alone(job.fuse_hint, len(solos), job.shared, floor):
+            if not opens_alone(job.fuse_hint, len(solos), job.shared, self.floor):
                 return False
-            group = self._open_group(job.program, open_capacity(job.fuse_hint + len(solos), floor))
+            group = self._open(job.program, open_capacity(job.fuse_hint + len(solos), self.floor))
         if group is None:
             return False
         for solo, lifted in solos:
             if group.free_slot() is not None:
                 self._adopt(solo, group, lifted)
         slot = group.free_slot()
+        assert slot is not None  # (grown, opened with room, or found with a free slot)
         try:
-            leaves = job.host_arrays if job.host_arrays is not None else job.initial_arrays()
-            group.arrays = fusion.put(group.fused, group.arrays, leaves, slot)
-        except Exception as err:  # noqa: BLE001
-            self.life.abort(job, f"could not place its state in {group.name}: {short_error(err)}", err)
+            self.device.put(group, job.host_arrays if job.host_arrays is not None else job.initial_arrays(), slot)
+        except Exception as err:  # noqa: BLE001 - the job fails, its group goes on
+            self.abort(job, f"could not place its state in {group.name}: {short_error(err)}", err)
             return True
         group.slots[slot] = job
         job.group, job.slot, job.lane, job.host_arrays = group, slot, group.lane, None
@@ -73,7 +97,37 @@ class Groups:
         self.units.run(group)
         return True
 
-    def _adoptable(self, job: JobRecord) -> list:
+    def leave(self, job: Any) -> None:
+        """``job`` leaves its slot (it ended, or goes to host memory): the group shrinks if it
+        pays, or closes and gives its reservation back once empty."""
+        group = job.group
+        group.slots[job.slot] = None
+        job.group = job.slot = None
+        self.device.own_batches(job)
+        if group.members:
+            self._shrink(group)
+            return
+        self.groups.pop(group.id, None)
+        self.units.stop(group)
+        self.units.leave_lane(group)
+        group.arrays = group.ident = None
+        self.units.changed = True
+        self.admission.release(group.id)
+
+    def get(self, gid: int) -> Group | None:
+        return self.groups.get(gid)
+
+    def all(self) -> list[Group]:
+        """The open groups (a copy: readers on other threads iterate it safely)."""
+        return list(self.groups.values())
+
+    def forget(self, job: Any) -> None:
+        """An ending job (the lifecycle's owners): out of its group, if it has one."""
+        if job.group is not None:
+            self.leave(job)
+
+    # ------------------------------------------------------------------ opening and adopting
+    def _adoptable(self, job: Any) -> list:
         """(solo job, its lifted values) of running jobs that can step in ``job``'s program."""
         out = []
         for other in self.units.running.values():
@@ -83,57 +137,52 @@ class Groups:
                 continue
             if other.program.key == job.program.key:
                 out.append((other, other.lifted))
-            elif (lifted := self.sweeps.adoptable(other.traced, job.program)) is not None:
+            elif self.sweeps is not None and (lifted := self.sweeps.adoptable(other.traced, job.program)) is not None:
                 out.append((other, lifted))
         return out
 
-    def _adopt(self, solo: JobRecord, group: Group, lifted: tuple) -> None:
+    def _adopt(self, solo: Any, group: Group, lifted: tuple) -> None:
         """Move a job that steps alone into ``group`` at this step boundary: its state (plus
         its constants, if the group's program lifted them) goes into a free slot, and its own
         reservation is released (the group's holds every member)."""
-        self._drain_inflight()  # its newest state is on the device
+        self.drain()  # its newest state is on the device
         slot = group.free_slot()
-        arrays = list(solo.arrays)[:solo.layout.n_arrays] + list(lifted)
-        group.arrays = fusion.put(group.fused, group.arrays, arrays, slot)
+        assert slot is not None
+        self.device.put(group, list(solo.arrays)[:solo.layout.n_arrays] + list(lifted), slot)
         self.units.stop(solo)
         self.units.leave_lane(solo)
         solo.arrays, solo.program, solo.lifted = None, group.program, tuple(lifted)
         group.slots[slot] = solo
         solo.group, solo.slot, solo.lane = group, slot, group.lane
-        if solo.in_ledger:
-            solo.in_ledger = False
-            self.admission.release(solo.id)
+        self.admission.withdraw(solo)
         self.recorder.line(solo, f"moved into {group.name} (slot {slot} of {group.capacity}) at step "
                                  f"{solo.spec.start_step + solo.steps_done}")
         self.units.changed = True
 
-    def _open_group(self, program: Any, capacity: int) -> Group | None:
-        fused = fusion.fused_program(program, capacity, self.device, fenced=self.ring is not None,
-                                     **self._staging())
+    def _open(self, program: Any, capacity: int) -> Group | None:
+        fused = self.device.program(program, capacity)
         gid = next(self.ids)   # one id space with jobs: fences and the timeline name either
-        self._groups_opened += 1
+        name = f"group-{self.opened}"
+        self.opened += 1
         fp = fused.footprint
         if self.arena.queue or fp.resident + fp.ephemeral > self.arena.free:
             return None  # never overtake the queue for a group; its jobs run (or queue) alone
-        placed = self.arena.admit(gid, fp.resident, fp.ephemeral, name=f"group-{self._groups_opened - 1}")
+        placed = self.arena.admit(gid, fp.resident, fp.ephemeral, name=name)
         if not isinstance(placed, Admitted):  # pragma: no cover - checked above
             self.arena.release(gid)
             return None
-        arrays = fusion.host_stack(program, capacity)
-        ident = (jax.device_put(ffi.ident(self.ring, gid, placed.lane_id), self.device)
-                 if self.ring is not None else None)
-        group = Group(gid, program, fused, placed.lane_id, arrays, ident, name=f"group-{self._groups_opened - 1}")
+        group = self.device.open(gid, program, fused, placed.lane_id, name)
         self.groups[gid] = group
         return group
 
+    # ------------------------------------------------------------------ resizing
     def _grow(self, group: Group) -> Group | None:
         """Double a full group's capacity at this step boundary (a new slot for a joiner)."""
-        bigger = fusion.fused_program(group.program, 2 * group.capacity, self.device,
-                                      fenced=self.ring is not None, **self._staging())
+        bigger = self.device.program(group.program, 2 * group.capacity)
         if not self._resize(group, bigger):
             return None
-        self._drain_inflight()  # the stack is rebuilt from the group's newest state
-        group.arrays = fusion.regroup(group.arrays, list(range(group.capacity)), bigger.capacity)
+        self.drain()  # the stack is rebuilt from the group's newest state
+        self.device.regroup(group, list(range(group.capacity)), bigger)
         group.slots += [None] * (bigger.capacity - group.capacity)
         group.fused = bigger
         self.units.changed = True
@@ -145,24 +194,23 @@ class Groups:
         members = [(i, j) for i, j in enumerate(group.slots) if j is not None]
         if group.in_flight:
             return
-        fenced = self.ring is not None
         # Compiling the smaller program (here, on the dispatcher) pays only if the members have
         # enough steps left to win that time back (a sweep ending in lockstep does not), and
         # never below the runtime's floor (sched/capacity.py).
-        target = shrink_target(len(members), group.capacity, self.config.group_capacity)
+        target = shrink_target(len(members), group.capacity, self.floor)
         if target is None:
             return
-        if not fusion.cached(group.program, target, fenced=fenced, **self._staging()):
+        if not self.device.cached(group.program, target):
             lefts = [j.steps_left for _, j in members]
             if not shrink_pays(target, group.capacity,
                                steps_left=None if any(x is None for x in lefts) else max(lefts, default=0),
                                step_s=group.step_estimate_s(self.timeline.flops_per_s),
                                compile_s=group.fused.compile_s):
                 return
-        smaller = fusion.fused_program(group.program, target, self.device, fenced=fenced, **self._staging())
+        smaller = self.device.program(group.program, target)
         if not self._resize(group, smaller):
             return
-        group.arrays = fusion.regroup(group.arrays, [i for i, _ in members], target)
+        self.device.regroup(group, [i for i, _ in members], smaller)
         group.slots = [j for _, j in members] + [None] * (target - len(members))
         for slot, job in enumerate(group.slots):
             if job is not None:
@@ -171,31 +219,10 @@ class Groups:
         self.units.changed = True
         self.admission.retry()  # the bytes it gave back may admit a queued job
 
-    def _staging(self) -> dict:
-        """What a fused program's footprint charges beyond its states: staged and in-flight batches."""
-        return self.config.staging
-
     def _resize(self, group: Group, fused: Any) -> bool:
         fp = fused.footprint
-        return self.arena.resize(group.id, fp.resident, fp.ephemeral)
+        return bool(self.arena.resize(group.id, fp.resident, fp.ephemeral))
 
-    def _leave_group(self, job: JobRecord) -> None:
-        self.owned()
-        group = job.group
-        group.slots[job.slot] = None
-        job.group = job.slot = None
-        with job.feed_lock:
-            # Its queued batches were made for stacking, not copied (source.produce): it may
-            # step alone next, and a solo step donates its batch, so they are owned now.
-            queued = list(job.batches)
-            job.batches.clear()
-            job.batches.extend(own(b, self.device) if isinstance(b, list) else b for b in queued)
-        if group.members:
-            self._shrink(group)
-            return
-        self.groups.pop(group.id, None)
-        self.units.stop(group)
-        self.units.leave_lane(group)
-        group.arrays = group.ident = None
-        self.units.changed = True
-        self.admission.release(group.id)
+
+def _unwired(job: Any, cause: str, err: BaseException | None) -> None:
+    raise AssertionError(f"Groups.abort is not wired (job {job.name!r}: {cause})")

@@ -21,7 +21,7 @@ from ...sched import steps as ksteps
 from . import evaluation
 from ..compiled import multistep
 from ..causes import short_error
-from ..compiled.fusion import Group
+from .group import Group
 from ..compiled.multistep import MultiStep, Verdict
 from .multicall import _done
 from .tiers import Candidate, typical_step_s

@@ -51,7 +51,7 @@ class StepRecord:
 @runtime_checkable
 class Unit(Protocol):
     """What the planner and the executor ask of a runnable unit: a job, or a fusion group
-    (``fusion.Group``). Both implement it with these meanings; nothing else is shared."""
+    (``group.Group``). Both implement it with these meanings; nothing else is shared."""
 
     id: int                  # unique among jobs and groups (one id space)
     is_group: bool           # a fused group (its step runs its members' steps stacked)

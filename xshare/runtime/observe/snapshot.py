@@ -92,7 +92,7 @@ def _document(rt: Any) -> dict[str, Any]:
         "persistent_bytes": int(g.fused.footprint.persistent),
         "ephemeral_bytes": int(g.fused.footprint.ephemeral),
         "program": g.program.key[:12],
-    } for g in list(rt._dispatcher.groups.values())]
+    } for g in rt._dispatcher.groups.all()]
     total_device = sum(j["device_time_s"] for j in jobs)
     for j in jobs:
         j["device_time_share"] = j["device_time_s"] / total_device if total_device > 0 else None

@@ -1,0 +1,201 @@
+"""Fusion groups' lifecycle on hand-made jobs and the real (pure) arena: open, join, grow,
+adopt, leave, close; the device side is a fake that keeps slots as Python lists."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from xshare.memory import Footprint
+from xshare.runtime.engine.group import Group
+from xshare.runtime.engine.groups import Groups
+from xshare.runtime.engine.states import JobState
+
+from . import fakes
+from .engine import MIB, Parts
+
+S = JobState
+
+
+@dataclass(frozen=True)
+class Program:
+    key: str
+
+
+@dataclass(frozen=True)
+class Fused:
+    capacity: int
+    footprint: Footprint
+    compile_s: float = 1.0
+    flops: float | None = None
+
+
+class Device:
+    """Group programs cost 1 MiB per slot; a group's "stack" is a list of per-slot leaves."""
+
+    def __init__(self) -> None:
+        self.compiled: list[tuple[str, int]] = []
+
+    def program(self, program: Program, capacity: int) -> Fused:
+        self.compiled.append((program.key, capacity))
+        return Fused(capacity, Footprint(persistent=capacity * MIB // 2, ephemeral=capacity * MIB // 2))
+
+    def cached(self, program: Program, capacity: int) -> bool:
+        return (program.key, capacity) in self.compiled
+
+    def open(self, gid: int, program: Program, fused: Fused, lane: int, name: str) -> Group:
+        return Group(gid, program, fused, lane, [None] * fused.capacity, None, [np.zeros(4, np.float32)], name=name)
+
+    def put(self, group: Group, leaves: list, slot: int) -> None:
+        group.arrays[slot] = list(leaves)
+
+    def regroup(self, group: Group, slots: list[int], fused: Fused) -> None:
+        kept = [group.arrays[i] for i in slots]
+        group.arrays = kept + [None] * (fused.capacity - len(kept))
+
+    def own_batches(self, job: Any) -> None:
+        job.owned = True
+
+
+class Layout:
+    n_arrays = 1
+
+    def split(self, state: Any) -> list:
+        return list(state)
+
+
+def fused_job(name: str, key: str = "mlp", *, hint: int = 1, mib: int = 1, steps: int | None = 10) -> Any:
+    j = fakes.job(name, mib=mib, steps=steps)
+    j.program, j.fuse_hint, j.layout = Program(key), hint, Layout()
+    j.spec = j.spec.replace(state=[f"{name}-state"])
+    return j
+
+
+def grouped(capacity_mib: float = 64, floor: int | None = None) -> tuple[Parts, Groups, Device]:
+    parts, device = Parts(capacity_mib), Device()
+    drains = []
+    groups = Groups(parts.units, parts.arena, parts.admission, parts.recorder, device, floor=floor,
+                    ids=itertools.count(1000), timeline=fakes.Timeline(), drain=lambda: drains.append(1))
+    groups.abort = parts.life.abort
+    parts.admission.join = groups.join
+    parts.life.forgetters = (parts.admission.forget, groups.forget)
+    return parts, groups, device
+
+
+def test_jobs_submitted_together_open_one_group_with_room_for_all_and_one_reservation():
+    parts, groups, device = grouped()
+    a, b, c = (fused_job(n, hint=3) for n in "abc")
+    parts.submit(a, b, c)
+    (g,) = groups.all()
+    assert g.capacity == 4 and g.members == [a, b, c] and [j.slot for j in (a, b, c)] == [0, 1, 2]
+    assert g.arrays[:3] == [["a-state"], ["b-state"], ["c-state"]]
+    assert all(j.state is S.RUNNING and not j.in_ledger for j in (a, b, c))
+    assert parts.ledger() == {g.id} and set(parts.units.running) == {g.id}  # the group is the unit
+    assert device.compiled == [("mlp", 4)]
+    assert "joined group-0 (slot 0 of 4" in parts.recorder.said("a")[0]
+
+
+def test_there_is_no_group_of_one_a_lone_job_runs_alone():
+    parts, groups, _ = grouped()
+    a = fused_job("a")
+    parts.submit(a)
+    assert groups.all() == [] and a.group is None and a.in_ledger and a.state is S.RUNNING
+
+
+def test_a_later_job_adopts_a_running_job_of_its_program_and_its_own_reservation_goes():
+    parts, groups, _ = grouped()
+    a = fused_job("a")
+    parts.submit(a)
+    b = fused_job("b")
+    parts.submit(b)
+    (g,) = groups.all()
+    assert g.members == [a, b] and a.group is g and not a.in_ledger and parts.ledger() == {g.id}
+    assert a.arrays is None and g.arrays[0] == ["a-state"]  # its newest state moved into the stack
+    assert "moved into group-0" in parts.recorder.said("a")[-1]
+
+
+def test_a_full_group_doubles_for_a_joiner_and_keeps_its_members_states():
+    parts, groups, device = grouped()
+    a, b = fused_job("a", hint=2), fused_job("b", hint=2)
+    parts.submit(a, b)
+    c = fused_job("c")
+    parts.submit(c)
+    (g,) = groups.all()
+    assert g.capacity == 4 and g.members == [a, b, c]
+    assert g.arrays[:3] == [["a-state"], ["b-state"], ["c-state"]]
+    assert device.compiled == [("mlp", 2), ("mlp", 4)]
+
+
+def test_a_group_that_does_not_fit_leaves_its_jobs_to_run_or_queue_alone():
+    parts, groups, _ = grouped(capacity_mib=3)  # a 4-slot group needs 4 MiB
+    a, b, c = (fused_job(n, hint=3) for n in "abc")
+    parts.submit(a, b, c)
+    assert groups.all() == [] and a.state is S.RUNNING and a.group is None and b.state is S.RUNNING
+    assert parts.ledger() == {a.id, b.id, c.id}  # each holds (or queues for) its own bytes
+
+
+def test_members_leaving_shrink_the_group_and_the_last_one_closes_it_and_frees_its_lane():
+    parts, groups, device = grouped(capacity_mib=13)
+    jobs = [fused_job(f"j{i}", hint=8, steps=None) for i in range(8)]  # (steps enough to repay a compile)
+    parts.submit(*jobs)
+    (g,) = groups.all()
+    waiting = fused_job("big", key="cnn", mib=6)  # 9 MiB; the 8-slot group holds 8 of 13
+    parts.submit(waiting)
+    assert waiting.state is S.QUEUED
+    for j in jobs[2:]:
+        parts.life.end(j, _cancel())
+    # 2 members left of 8 (a quarter): repacked into 2 slots; their steps repay that compile
+    assert g.capacity == 2 and g.members == jobs[:2] and [j.slot for j in jobs[:2]] == [0, 1]
+    assert waiting.state is S.RUNNING  # the bytes the group gave back admitted the queued job
+    for j in jobs[:2]:
+        parts.life.end(j, _cancel())
+    assert groups.all() == [] and g.id not in parts.ledger() and g.id not in parts.units.running
+    assert jobs[0].owned  # a leaving member's batches become its own (it may step alone next)
+
+
+def test_a_floor_keeps_groups_at_least_that_large_and_opens_one_for_a_shared_program():
+    parts, groups, _ = grouped(floor=4)
+    a = fused_job("a")
+    a.shared = True  # other jobs of its family run its program (a study's trials)
+    parts.submit(a)
+    (g,) = groups.all()
+    assert g.capacity == 4 and g.members == [a]
+    b = fused_job("b")
+    b.shared = True
+    parts.submit(b)
+    parts.life.end(b, _cancel())
+    assert g.capacity == 4  # never below the floor
+
+
+def test_a_joiner_whose_state_cannot_be_put_in_the_group_fails_alone():
+    parts, groups, device = grouped()
+    a, b, c = (fused_job(n, hint=3) for n in "abc")
+
+    def put(group, leaves, slot):
+        if leaves == ["b-state"]:
+            raise RuntimeError("INTERNAL: dynamic_update_slice failed")
+        group.arrays[slot] = list(leaves)
+
+    device.put = put
+    parts.submit(a, b, c)
+    assert b.state is S.FAILED and b.error.startswith("could not place its state in group-0: RuntimeError")
+    (g,) = groups.all()
+    assert g.members == [a, c] and a.state is c.state is S.RUNNING
+
+
+def _cancel():
+    from xshare.runtime.engine.states import Event
+    return Event.CANCEL
+
+
+def test_a_group_ending_in_lockstep_does_not_compile_a_smaller_program_it_could_not_repay():
+    parts, groups, device = grouped()
+    jobs = [fused_job(f"j{i}", hint=8, steps=10) for i in range(8)]  # 10 steps left: 10 ms of saving
+    parts.submit(*jobs)
+    (g,) = groups.all()
+    for j in jobs[2:]:
+        parts.life.end(j, _cancel())
+    assert g.capacity == 8 and device.compiled == [("mlp", 8)]
