@@ -24,7 +24,7 @@ _LAZY: dict[str, str] = {
     "nnx": "xshare.nnx",
     # runtime
     "Runtime": "xshare.runtime.runtime", "JobHandle": "xshare.runtime.runtime",
-    "run": "xshare.runtime.runtime",
+    "run": "xshare.runtime.run",
     "Progress": "xshare.runtime.engine.records", "StepRecord": "xshare.runtime.engine.records",
     "POLICIES": "xshare.sched",
     # metric writers (TensorBoard; the protocol other trackers implement)
@@ -88,7 +88,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; never executed
     from .runtime.engine.records import StepRecord as StepRecord
     from .runtime.runtime import JobHandle as JobHandle
     from .runtime.runtime import Runtime as Runtime
-    from .runtime.runtime import run as run
+    from .runtime.run import run as run
     from .runtime.deployed.hub import ModelHandle as ModelHandle
     from .serving.spec import InferError as InferError
     from .serving.spec import ModelSpec as ModelSpec

@@ -127,7 +127,7 @@ def test_a_job_end_listener_that_raises_takes_down_no_job():
         raise RuntimeError("listener bug")
 
     with xshare.Runtime(memory="64MiB") as rt:
-        rt._end_listeners.append(broken)
+        rt.add_end_listener(broken)
         handles = rt.submit_many([linreg_step.bind(linreg_state(seed=i), linreg_data(seed=i), steps=20,
                                                    name=f"l{i}") for i in range(3)])
         assert rt.wait(timeout=60), "a raising listener stopped the dispatcher"

@@ -186,7 +186,7 @@ def test_fuse_is_off_by_default():
 
 
 def test_the_fusion_plan_groups_same_program_jobs_and_says_why_others_run_alone():
-    from xshare.runtime.compiled import fusion
+    from xshare.runtime.compiled.sweeps import explain
 
     def sgd(lr):
         def step(state, batch):
@@ -206,7 +206,7 @@ def test_the_fusion_plan_groups_same_program_jobs_and_says_why_others_run_alone(
         return xshare.job(step)
 
     specs += [shaped(2).bind(linreg_state(dim=8), linreg_data(dim=8), steps=5, name="shaped")]
-    report = fusion.plan(specs)
+    report = explain(specs)
     # Constants that differ as values (a learning rate baked into the step) are lifted: one group.
     assert report.groups == [["j0", "j1", "j2"], ["baked-a", "baked-b"]]
     assert report.alone["narrow"].startswith(

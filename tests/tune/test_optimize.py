@@ -122,7 +122,7 @@ def test_the_driver_wakes_on_each_job_end_and_leaves_a_shared_runtime_as_it_foun
 
     study = study_of()
     with xshare.Runtime(memory="64MiB") as rt:
-        rt._end_listeners.append(bystander)
+        rt.add_end_listener(bystander)
         xshare.tune.optimize(study, lambda t: make(t.suggest_float("lr", 0.01, 0.2)), 4,
                              metric="eval/mse", concurrency=2, runtime=rt, callbacks=[while_running])
         assert rt._end_listeners == [bystander]

@@ -144,9 +144,13 @@ def _launch(args: argparse.Namespace) -> int:
 def _print_fusion(jobs: list[Any], out: Any) -> None:
     """The fused groups the run would form, and why each other job would run alone (lowers
     every job's step: this imports jax, which a plain dry run does not)."""
-    from xshare.runtime.compiled import fusion
+    import jax
 
-    report = fusion.plan(jobs)
+    from xshare.runtime.compiled.sweeps import explain
+    from xshare.runtime.setup import fences_wanted
+
+    device = jax.devices()[0]  # (keyed as the launch's runtime keys them: its measured verdicts)
+    report = explain(jobs, device, fenced=fences_wanted(None, device))
     for i, names in enumerate(report.groups):
         out.print(f"fused group {i}: {len(names)} jobs: {', '.join(names)}", markup=False, highlight=False)
     for name, why in report.alone.items():

@@ -21,6 +21,11 @@ from ..sched.steps import MAX_STEPS_PER_CALL, pow2_floor
 # batches, so its host hiccups are N times larger than a job's.
 GROUP_AHEAD = 32
 
+# The least a program's compile is assumed to cost when weighing a K-step promotion
+# (engine/tiers.py) or a fused group (prepare.py): a small MLP's step compiles in 0.4-1.0 s on
+# this project's CPU machine, its scan about as long.
+COLD_COMPILE_S = 0.5
+
 
 @dataclass(frozen=True)
 class RuntimeConfig:
@@ -38,6 +43,9 @@ class RuntimeConfig:
     checkpoint_keep: int = 3
     resume: bool = False
     fuse: bool = False
+    # fuse=True: groups open where fusing pays and dissolve where it was measured not to
+    # (compiled/payoff.py); fuse="always": every group opens and stays (no measuring).
+    fuse_measured: bool = True
     group_capacity: int | None = None     # fused groups' floor (sched/capacity.py); None: none
     steps_per_call: int = MAX_STEPS_PER_CALL  # the most steps one call may run
     steps_forced: bool = False            # the user named K: no payback weighing (engine/tiers.py)
@@ -55,7 +63,7 @@ class RuntimeConfig:
            dispatch_ahead: int | None = None, compile_workers: int = 1,
            log_dir: str | os.PathLike | None = None, checkpoint_dir: str | os.PathLike | None = None,
            checkpoint_every: int | None = None, checkpoint_keep: int = 3, resume: bool = False,
-           fuse: bool = False, group_capacity: int | None = None, steps_per_call: int | str = "auto",
+           fuse: bool | str = False, group_capacity: int | None = None, steps_per_call: int | str = "auto",
            writers: Sequence[Any] = (), debug_ownership: bool = False) -> "RuntimeConfig":
         """Check ``Runtime``'s arguments and derive what they imply (``policy``: the resolved
         policy; ``writers``: the metrics writers asked for). Raises ValueError naming
@@ -72,6 +80,8 @@ class RuntimeConfig:
                                  ("compile_workers", compile_workers, 1)):
             if not _int(value) or value < low:
                 raise ValueError(f"{name}={value!r} must be an int >= {low}")
+        if fuse not in (True, False, "always"):
+            raise ValueError(f"fuse={fuse!r} must be True (fuse where it pays, measured), \"always\" or False")
         if group_capacity is not None and (not _int(group_capacity) or group_capacity < 1):
             raise ValueError(f"group_capacity={group_capacity!r} must be an int >= 1 (slots per fused group), or None")
         if not _int(checkpoint_keep) or checkpoint_keep < 1:
@@ -93,7 +103,7 @@ class RuntimeConfig:
                    log_dir=Path(log_dir) if log_dir is not None else None,
                    checkpoint_dir=Path(ckpt) if keeps and ckpt is not None else None,
                    checkpoint_every=checkpoint_every, checkpoint_keep=checkpoint_keep, resume=resume,
-                   fuse=bool(fuse), group_capacity=group_capacity if fuse else None,
+                   fuse=bool(fuse), fuse_measured=fuse is True, group_capacity=group_capacity if fuse else None,
                    steps_per_call=_steps_per_call(steps_per_call), steps_forced=steps_per_call != "auto",
                    preemptive=preemptive, debug_ownership=debug_ownership)
 

@@ -60,7 +60,7 @@ class Deployments:
             raise
         log.info("xshare: deployed model %r version %d (buckets %s, compiled in %.2f s)", spec.name, spec.version,
                  list(spec.buckets), deployed.compile_s)
-        return ModelHandle(self, deployed)
+        return ModelHandle(d.serving, deployed)
 
     def undeploy(self, name: str, version: int | None = None) -> None:
         """Stop taking requests for model ``name`` (every version, or only ``version``), answer
@@ -84,7 +84,7 @@ class Deployments:
         from .deployed.hub import ModelHandle
 
         hub = self._dispatcher.serving if self._dispatcher is not None else None
-        return {} if hub is None else {n: ModelHandle(self, v[0], pinned=False) for n, v in hub.by_name.items()}
+        return {} if hub is None else {n: ModelHandle(hub, v[0], pinned=False) for n, v in hub.by_name.items()}
 
     def model(self, name: str, version: int | None = None) -> Any:
         """A deployed model's handle: ``version``, or (None) whichever version is the name's
@@ -96,17 +96,17 @@ class Deployments:
         if not versions:
             raise KeyError(f"no model {name!r} is deployed; models: {', '.join(sorted(self.models)) or '(none)'}")
         if version is None:
-            return ModelHandle(self, versions[0], pinned=False)
+            return ModelHandle(hub, versions[0], pinned=False)
         m = next((m for m in versions if m.version == version), None)
         if m is None:
             raise KeyError(f"model {name!r} has no version {version!r} deployed; versions: "
                            f"{', '.join(str(m.version) for m in reversed(versions))}")
-        return ModelHandle(self, m)
+        return ModelHandle(hub, m)
 
     def model_versions(self, name: str) -> list[Any]:
         """Each deployed version of ``name`` (lowest first), as handles of that version."""
         from .deployed.hub import ModelHandle
 
         hub = self._dispatcher.serving if self._dispatcher is not None else None
-        return [ModelHandle(self, m) for m in reversed(hub.by_name.get(name, ()) if hub is not None else ())]
+        return [] if hub is None else [ModelHandle(hub, m) for m in reversed(hub.by_name.get(name, ()))]
 

@@ -19,6 +19,8 @@ from .engine import evaluation
 from .compiled import fusion, lifting
 from .causes import short_error
 from .compiled.compiler import PROGRAMS
+from .compiled.payoff import FUSION
+from .config import COLD_COMPILE_S
 from .compiled.leaves import layout_of, promoted
 from .engine.records import JobRecord, Prepared
 from .observe.recorder import job_dir
@@ -182,6 +184,14 @@ class Preparation:
                 fused.append((job, prep, True))
             else:
                 alone.append((job, prep, False))
+        # Fusion only where it pays: a program whose fused step was measured to cost its members
+        # more than their own steps, or whose group compile its members' steps would not repay,
+        # runs them alone (compiled/payoff.py; measured by engine/fusecheck.py).
+        for key, reason in (self._unpaid(fused, fenced) if self.config.fuse_measured else {}).items():
+            for job, prep, _ in [item for item in fused if item[1].program.key == key]:
+                self.recorder.line(job, f"runs alone: {reason}")
+                alone.append((job, dataclasses.replace(prep, unfused=reason), False))
+            fused = [item for item in fused if item[1].program.key != key]
         # Jobs that fuse go first, program by program (each program's jobs are posted right
         # after its group program compiles: the rest are cache hits), programs already compiled
         # before those that must compile, lone jobs' solo programs last: no compile holds back
@@ -209,6 +219,23 @@ class Preparation:
                                       f"could not compile its step: {short_error(err)}", err)
                 continue
             self._dispatcher.post(self._dispatcher.compiled, job, prep)
+
+    def _unpaid(self, fused: list, fenced: bool) -> dict[str, str]:
+        """Program key -> why its group would not pay, for the programs ``fused`` would open."""
+        by_key: dict[str, list] = {}
+        for job, prep, _ in fused:
+            by_key.setdefault(prep.program.key, []).append((job, prep))
+        out = {}
+        for key, items in by_key.items():
+            program, hint = items[0][1].program, items[0][1].fuse_hint
+            capacity = open_capacity(hint, self.config.group_capacity)
+            lefts = [job.steps_left for job, _ in items]
+            compile_s = 0.0 if fusion.cached(program, capacity, fenced=fenced, **self.config.staging) \
+                else max(PROGRAMS.slowest_compile_s, COLD_COMPILE_S)
+            reason = FUSION.weigh(key, capacity, len(items), None if None in lefts else sum(lefts), compile_s)
+            if reason is not None:
+                out[key] = reason
+        return out
 
     def _ready(self, job: JobRecord, prep: Prepared, fenced: bool) -> bool:
         """Post now a job its family's lifted program covers, if the group program it would

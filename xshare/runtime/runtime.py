@@ -34,10 +34,10 @@ from .._units import format_bytes
 from ..memory import Arena
 from ..memory.device import arena_capacity, configure_preallocation
 from .compiled.compiler import PROGRAMS
-from .config import RuntimeConfig
+from .config import COLD_COMPILE_S, RuntimeConfig
 from .engine.dispatcher import Dispatcher, debug_ownership_default
 from .handle import JobHandle
-from .observe.recorder import Recorder, check_name, job_dir
+from .observe.recorder import Recorder, check_new_names
 from .observe.writers import resolve as resolve_writers
 from .controls import Controls
 from .deployments import Deployments
@@ -47,12 +47,10 @@ from .engine.source import LazyFeeder
 from .compiled.sweeps import Sweeps
 from .engine.states import Event
 from .observe.timing import Timeline
+from .setup import compilation_cache_dir, fences_wanted
 
 log = logging.getLogger("xshare.runtime")
 
-# The least a K-step program's compile is assumed to cost when weighing a promotion (tiers.py):
-# a small MLP's step compiles in 0.4-1.0 s on this project's CPU machine, its scan about as long.
-COLD_COMPILE_S = 0.5
 
 
 class Runtime(Preparation, Deployments, Controls):
@@ -98,7 +96,11 @@ class Runtime(Preparation, Deployments, Controls):
         one (a finished job comes back done at once, with its saved final state).
       compile_workers: threads that trace and compile jobs (cache misses only).
       fuse: run jobs that share a program as fused groups: one vmapped executable steps them
-        all, each still its own job (docs/explanation/fusion.md). Off by default.
+        all, each still its own job (docs/explanation/fusion.md). Off by default. True: where
+        fusing pays: a group is measured once (its fused step against its members' own steps,
+        on copies) and dissolves, its members stepping alone, if a fused step costs them more;
+        a program measured so, or whose group compile its jobs' steps would not repay, opens no
+        group (``explain`` says why). "always": every group opens and stays, unmeasured.
       steps_per_call: the most steps one executable call may run (like Keras'
         ``steps_per_execution``). "auto" (default): each job starts one step per call; a K-step
         program (a scan over K stacked batches) compiles in the background where the job's
@@ -129,7 +131,7 @@ class Runtime(Preparation, Deployments, Controls):
                  status_port: int | None = None, status_host: str = "127.0.0.1", grpc_port: int | None = None,
                  checkpoint_dir: str | os.PathLike | None = None, checkpoint_every: int | None = None,
                  resume: bool = False, max_lanes: int | None = None, slots: int = 1,
-                 compile_workers: int = 1, fuse: bool = False, group_capacity: int | None = None,
+                 compile_workers: int = 1, fuse: bool | str = False, group_capacity: int | None = None,
                  steps_per_call: int | str = "auto", compilation_cache: bool | str | os.PathLike = True,
                  checkpoint_keep: int = 3, writers: Sequence[str | Callable[[Path], Any]] = ()):
         self.policy = sched.get_policy(policy)
@@ -140,16 +142,18 @@ class Runtime(Preparation, Deployments, Controls):
             group_capacity=group_capacity, steps_per_call=steps_per_call, writers=writers,
             debug_ownership=debug_ownership_default())
         factories = resolve_writers(writers)
-        self.compilation_cache = _compilation_cache(compilation_cache)
+        self.compilation_cache = compilation_cache_dir(compilation_cache)
         if self.compilation_cache is not None:
             from .compiled.multistep import VERDICTS
+            from .compiled.payoff import FUSION
             VERDICTS.persist(self.compilation_cache)
+            FUSION.persist(self.compilation_cache)
         # GPU preallocation must be configured before the backend starts (DESIGN: memory model).
         configure_preallocation()
         self.device = device if device is not None else jax.devices()[0]
         capacity, self.capacity_source = arena_capacity(memory, self.device)
         self.arena = Arena(capacity, max_lanes=max_lanes)
-        use_fences = _fences_wanted(fences, self.device)
+        use_fences = fences_wanted(fences, self.device)
         self._ring = ffi.open_ring() if use_fences else None
         self.t0 = now_s()
         self._all: dict[int, JobRecord] = {}
@@ -245,20 +249,10 @@ class Runtime(Preparation, Deployments, Controls):
         with self._lock:
             if self._closed:
                 raise XShareError("this Runtime is closed; create a new one to submit jobs")
-            seen = set(self._by_name)
-            dirs = {job_dir(n) for n in seen}
             for spec in specs:
                 if not isinstance(spec, JobSpec):
                     raise TypeError(f"submit() takes a JobSpec from step.bind(...); got {type(spec).__name__}")
-                check_name(spec.name)
-                if spec.name in seen:
-                    raise ValueError(f"a job named {spec.name!r} was already submitted to this runtime; "
-                                     "give each job a unique name")
-                if job_dir(spec.name) in dirs:
-                    raise ValueError(f"job name {spec.name!r} maps to the same directory as another "
-                                     "job's; rename one of them")
-                seen.add(spec.name)
-                dirs.add(job_dir(spec.name))
+            check_new_names([spec.name for spec in specs], set(self._by_name))
             # Jobs of one step function in one call will most likely share a program: a fused
             # group is opened with room for all of them (it still grows for later arrivals).
             # Closures made by one factory share their code object, so a sweep built by calling
@@ -295,7 +289,7 @@ class Runtime(Preparation, Deployments, Controls):
         and keyed as ``submit`` would, but nothing is compiled or run."""
         from .compiled.sweeps import explain
 
-        return explain(list(specs), self.device)
+        return explain(list(specs), self.device, fenced=self.fences)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until every submitted job has ended (and its files are written). False on timeout."""
@@ -308,6 +302,18 @@ class Runtime(Preparation, Deployments, Controls):
                 self._ended.wait(timeout=0.5 if remaining is None else min(remaining, 0.5))
         self.recorder.flush()
         return True
+
+    def add_end_listener(self, listener: Callable[[JobRecord], None]) -> None:
+        """Call ``listener(job)`` as each job ends (on the dispatcher thread: it must be cheap; an
+        exception is logged and ignored). ``xshare.tune`` wakes on it instead of polling. Adding
+        one twice keeps one."""
+        if listener not in self._end_listeners:
+            self._end_listeners.append(listener)
+
+    def remove_end_listener(self, listener: Callable[[JobRecord], None]) -> None:
+        """Stop calling ``listener`` (a no-op if it was not added)."""
+        if listener in self._end_listeners:
+            self._end_listeners.remove(listener)
 
     @property
     def address(self) -> str | None:
@@ -418,77 +424,4 @@ def _step_code(spec: JobSpec) -> Any:
     return getattr(spec.fn, "__code__", None) or id(spec.job)
 
 
-def _fences_wanted(fences: bool | None, device: Any) -> bool:
-    if fences is False:
-        return False
-    loaded = getattr(ffi, "ensure_loaded", None)
-    if loaded is not None:
-        loaded()
-    if fences is None and not ffi.enabled():
-        return False
-    if fences is not None and not ffi.available():
-        raise XShareError("fences=True but the xshare FFI library is not available: "
-                          f"{ffi.unavailable_reason()}")
-    # The fences' device code runs here only once it has passed in a child process on this
-    # machine (cached per machine); a failed canary turns them off, with one warning.
-    from ..ffi import canary
-
-    ok, verdict = canary.gate(device)
-    if not ok and fences:
-        assert verdict is not None  # gate() gives no verdict only under XSHARE_CANARY=skip, which passes
-        raise XShareError(f"fences=True but the fence canary failed on this machine: {verdict.reason}. "
-                          f"Run `xshare doctor`; {canary.ENV}=skip runs them unchecked")
-    return ok
-
-
-def run(specs: Iterable[JobSpec], *, policy: str = "pack", memory: int | str | None = None,
-        return_exceptions: bool = False, **runtime_kwargs: Any) -> list[tuple[Any, Any] | BaseException]:
-    """Run ``specs`` in one Runtime and return each job's ``(state, metrics)``, in order.
-
-    Args:
-      specs: bound jobs (``step.bind(...)``).
-      policy: the scheduling policy (see ``xshare.POLICIES``).
-      memory: the arena's size, as for :class:`Runtime`.
-      return_exceptions: put a failed job's exception in its slot instead of raising.
-      **runtime_kwargs: any other :class:`Runtime` argument (``fuse=True``, ``log_dir=...``).
-
-    Returns:
-      One ``(final state, last metrics)`` per spec, in order (or the exception, with
-      ``return_exceptions=True``).
-
-    Raises:
-      JobFailed: a job failed (raised after every job has ended, so the others' work is not
-        lost). AdmissionError or JobCancelled likewise.
-    """
-    with Runtime(policy=policy, memory=memory, **runtime_kwargs) as rt:
-        handles = rt.submit_many(specs)
-        rt.wait()
-    results: list[Any] = []
-    for h in handles:
-        try:
-            results.append(h.result())
-        except XShareError as err:
-            if not return_exceptions:
-                raise
-            results.append(err)
-    return results
-
-
-__all__ = ["Runtime", "JobHandle", "run", "Progress", "format_bytes"]
-
-
-def _compilation_cache(value: bool | str | os.PathLike) -> str | None:
-    """``Runtime(compilation_cache=...)``: turn on JAX's persistent compilation cache (see the
-    argument's docs); the directory in use, or None."""
-    from .compiled.compiler import enable_persistent_cache
-
-    if value is False:
-        return None
-    if value is True:
-        current = jax.config.jax_compilation_cache_dir  # type: ignore[attr-defined]  # jax sets its options on Config at import (setattr)
-        if current:
-            return str(current)  # the user's own choice stands
-        return enable_persistent_cache()
-    if isinstance(value, (str, os.PathLike)):
-        return enable_persistent_cache(os.fspath(value))
-    raise ValueError(f"compilation_cache={value!r} must be True, False or a directory path")
+__all__ = ["Runtime", "JobHandle", "Progress", "format_bytes"]

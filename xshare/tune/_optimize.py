@@ -286,8 +286,7 @@ class _Driver(_Teller):
         doubling as they arrive one by one)."""
         if self.rt is None:
             self.rt = xshare.Runtime(**self.runtime_kwargs)
-        if self._wake not in self.rt._end_listeners:
-            self.rt._end_listeners.append(self._wake)
+        self.rt.add_end_listener(self._wake)
         specs = [spec for _, spec in batch]
         try:
             handles = self.rt.submit_many(specs)
@@ -360,8 +359,8 @@ class _Driver(_Teller):
         self.pending = []
 
     def close(self) -> None:
-        if self.rt is not None and self._wake in self.rt._end_listeners:
-            self.rt._end_listeners.remove(self._wake)
+        if self.rt is not None:
+            self.rt.remove_end_listener(self._wake)
         if self.owned and self.rt is not None:
             self.rt.close()
 

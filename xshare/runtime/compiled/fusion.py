@@ -196,12 +196,3 @@ def regroup(states: list, slots: list[int], capacity: int) -> list:
     if on_host(states):
         return [x[idx] for x in states]
     return _gather(states, idx)
-
-
-# ---------------------------------------------------------------------------- planning (dry run)
-def plan(specs: list, device: Any = None) -> Any:
-    """Which jobs would fuse and why the others run alone: ``sweeps.explain`` (the runtime's
-    own choice of programs, nothing compiled)."""
-    from .sweeps import explain
-
-    return explain(specs, device)

@@ -20,8 +20,11 @@ from typing import Any
 
 import numpy as np
 
+from ...sched.capacity import open_capacity
+from ..config import COLD_COMPILE_S
 from .compiler import PROGRAMS, CompiledStep
 from .lifting import NotLiftable
+from .payoff import FUSION
 
 
 @dataclass
@@ -157,10 +160,12 @@ class FusionPlan:
     alone: dict[str, str]      # job name -> why it would run alone, in words a user can act on
 
 
-def explain(specs: list, device: Any = None) -> FusionPlan:
+def explain(specs: list, device: Any = None, *, fenced: bool = False) -> FusionPlan:
     """Which of ``specs`` a fused runtime would run as one group and, for every job that would
     run alone, why. The same steps the runtime takes (the program cache's lowering and key,
-    this module's families), minus compiling: nothing is compiled or placed."""
+    this module's families), minus compiling: nothing is compiled or placed. ``fenced``: key
+    the programs as a runtime with fences does (its measured fusion verdicts are under those
+    keys)."""
     import jax
 
     from .leaves import layout_of
@@ -175,7 +180,7 @@ def explain(specs: list, device: Any = None) -> FusionPlan:
             alone[spec.name] = "it has no batches to run"
             continue
         try:
-            program = PROGRAMS.get(spec.job, spec.state, first, device=device, fenced=False, compile=False)
+            program = PROGRAMS.get(spec.job, spec.state, first, device=device, fenced=fenced, compile=False)
         except Exception as err:  # noqa: BLE001 - the job would fail alone; say so
             alone[spec.name] = f"its step does not compile: {type(err).__name__}: {err}"
             continue
@@ -185,6 +190,18 @@ def explain(specs: list, device: Any = None) -> FusionPlan:
     by_key: dict[str, list[str]] = {}
     for (name, _, _), choice in zip(named, choices):
         by_key.setdefault(choice.program.key, []).append(name)
+    steps = {spec.name: (None if spec.steps is None else spec.steps - spec.start_step) for spec in specs}
+    for key, names in list(by_key.items()):
+        # Fusion only where it pays (payoff.py): a program measured to lose fused, or whose
+        # group compile these jobs' steps would not repay, runs them alone, as the runtime would.
+        lefts = [steps[n] for n in names]
+        known = [x for x in lefts if x is not None]
+        reason = None if len(names) < 2 else FUSION.weigh(
+            key, open_capacity(len(names)), len(names), sum(known) if len(known) == len(lefts) else None,
+            max(PROGRAMS.slowest_compile_s, COLD_COMPILE_S))
+        if reason is not None:
+            alone.update({n: reason for n in names})
+            del by_key[key]
     groups = [names for names in by_key.values() if len(names) > 1]
     biggest = max(groups, key=len)[0] if groups else None
     info = {name: (program, layout, choice) for (name, program, layout), choice in zip(named, choices)}

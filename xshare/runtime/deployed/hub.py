@@ -171,15 +171,14 @@ class ModelHandle:
     ``rt.model(name)`` follows the name's default version (the highest ready one) at each call,
     so its requests go on to the next version down while the highest is undeployed."""
 
-    def __init__(self, rt: Any, deployed: Deployed, *, pinned: bool = True):
-        self._rt, self._d, self._pinned = rt, deployed, pinned
+    def __init__(self, hub: Hub, deployed: Deployed, *, pinned: bool = True):
+        self._hub, self._d, self._pinned = hub, deployed, pinned
 
     @property
     def _m(self) -> Deployed:
         if self._pinned:
             return self._d
-        hub = self._rt._dispatcher.serving
-        m = hub.default(self._d.name) if hub is not None else None
+        m = self._hub.default(self._d.name)
         return m if m is not None else self._d
 
     @property
@@ -210,8 +209,8 @@ class ModelHandle:
             m = again
             fut = m.enqueue(inputs, priority=priority, timeout_us=timeout_us)
         fut.model_version = m.version  # the version that answers (a default handle's may change)
-        self._rt._dispatcher.serving.queued(m)
-        self._rt._dispatcher.poke()
+        self._hub.queued(m)
+        self._hub.wake()
         return fut
 
     def infer(self, inputs: dict[str, Any], timeout: float | None = 60.0, *, priority: int = 0,
@@ -230,9 +229,8 @@ class ModelHandle:
         """The model's OIP metadata: its name, versions, inputs and outputs with datatypes and
         shapes (``-1`` is the batch)."""
         meta = self._m.metadata()
-        hub = self._rt._dispatcher.serving
-        if not self._pinned and hub is not None:  # the name's metadata lists every deployed version
-            meta["versions"] = [str(m.version) for m in reversed(hub.by_name.get(self.name, ()))] or meta["versions"]
+        if not self._pinned:  # the name's metadata lists every deployed version
+            meta["versions"] = [str(m.version) for m in reversed(self._hub.by_name.get(self.name, ()))] or meta["versions"]
         return meta
 
     def stats(self) -> dict[str, Any]:

@@ -118,6 +118,25 @@ class Admission:
         self.units.run(job)
         self.start(job)
 
+    def rehome(self, job: Any) -> None:
+        """A running job that leaves the group it stepped in (``fusecheck.dissolve``): a
+        reservation and lane of its own, and its state (``job.host_arrays``, taken from the
+        group's stack) put there. The caller checked that the arena has room for it now."""
+        fp = job.footprint
+        placed = self.arena.admit(job.id, fp.resident, fp.ephemeral if fp.resident + fp.ephemeral > 0 else 1,
+                                  name=job.name)
+        job.in_ledger = True
+        if not isinstance(placed, Admitted):  # pragma: no cover - checked by the caller
+            raise AssertionError(f"job {job.name!r} left its group but was queued: {placed.reason}")
+        try:
+            self.placer.put(job, placed.lane_id)
+        except Exception as err:  # noqa: BLE001 - the job fails, the others go on
+            self.refuse(job, f"could not place its state on {self.placer.device}: {short_error(err)}", err)
+            return
+        job.host_arrays, job.lane = None, placed.lane_id
+        self.units.run(job)
+        self.account_peak()
+
     def start(self, job: Any) -> None:
         """A job placed (alone or in a group slot) starts: the clock of its queue wait stops."""
         job.state = transition(job.state, Event.ADMIT)

@@ -88,6 +88,7 @@ class Dispatcher(Executor, MultiCalls, GroupCalls):
         self.feeder, self.recorder, self.timeline, self.ring = feeder, recorder, timeline, ring
         self.config, self.t0 = config, t0
         self.ids = ids if ids is not None else itertools.count()  # shared with jobs: group ids
+        self.background = submit  # the tier thread: K-step and solo programs compile there
         clock = now_s
         self.units = Units()
         self.planner = Planner(self.units, policy, timeline, quantum=config.quantum, slots=config.slots,
@@ -100,7 +101,8 @@ class Dispatcher(Executor, MultiCalls, GroupCalls):
         # Fusion groups (fused runtimes): the admission asks them first (groups.py).
         self.groups = Groups(self.units, arena, self.admission, recorder,
                              GroupDevice(device, ring, config.staging), floor=config.group_capacity,
-                             ids=self.ids, timeline=timeline, drain=self._drain_inflight)
+                             ids=self.ids, timeline=timeline, drain=self._drain_inflight,
+                             measured=config.fuse_measured)
         if config.fuse:
             self.admission.join = self.groups.join
         # K-step programs promoted in the background (tiers.py, multicall.py).
@@ -272,7 +274,7 @@ class Dispatcher(Executor, MultiCalls, GroupCalls):
         job.program, job.spec, job.source = program, prepared.spec, prepared.source
         job.layout, job.batch_layout = prepared.layout, prepared.batch_layout
         job.lifted, job.traced, job.fuse_hint = prepared.lifted, prepared.traced, prepared.fuse_hint
-        job.shared = prepared.shared
+        job.shared, job.unfused = prepared.shared, prepared.unfused
         job.eval = prepared.eval
         if prepared.restored_metrics is not None:
             job.restored_metrics = prepared.restored_metrics

@@ -16,7 +16,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from . import evaluation
+from . import evaluation, fusecheck
 from ..compiled import fusion
 from ..causes import dispatch_error, short_error
 from .group import Group
@@ -42,6 +42,8 @@ class Executor:
                 self._took_turn(job, li, pos)
                 return
         if job.is_group:
+            if job.payoff is not fusecheck.SETTLED and fusecheck.tend(self, job):
+                return  # it dissolved: fusing did not pay, its members step alone from now
             if job.tier is None or not self._group_tier(job, li, pos):
                 self._dispatch_group(job, li, pos)
             return

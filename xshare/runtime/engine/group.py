@@ -21,7 +21,8 @@ class Group:
     def __init__(self, gid: int, program: Any, fused: Any, lane: int, arrays: list, ident: Any,
                  zero_batch: list, *, name: str):
         self.id, self.program, self.fused = gid, program, fused
-        self.lane, self.arrays, self.ident = lane, arrays, ident
+        self.lane, self.ident = lane, ident
+        self.arrays: Any = arrays  # the stacked states (None once the group closed)
         self.slots: list[Any] = [None] * fused.capacity
         self.name = name
         self.in_flight = 0
@@ -36,6 +37,7 @@ class Group:
         self._batch_bytes = sum(z.nbytes for z in zero_batch)
         self.now: list | None = None    # the members of the step being dispatched (dispatcher)
         self.tier: Any = None           # its K-step program, if promoted (tiers.JobTier)
+        self.payoff: Any = None         # whether fusing pays: None, a Future (measuring), True (fusecheck.py)
 
     # What the policy sees of a group (sched/ docs: a group is one runnable unit).
     is_group = True  # the Unit protocol (records.Unit)

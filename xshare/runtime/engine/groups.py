@@ -19,6 +19,7 @@ from typing import Any, Callable, Protocol
 from ...memory import Admitted
 from ...sched.capacity import open_capacity, opens_alone, shrink_pays, shrink_target
 from ..causes import short_error
+from ..compiled.payoff import FUSION
 from .admission import Admission
 from .group import Group
 from .states import JobState
@@ -52,9 +53,10 @@ class Groups:
     """
 
     def __init__(self, units: Units, arena: Any, admission: Admission, recorder: Any, device: GroupDevice, *,
-                 floor: int | None, ids: Any, timeline: Any, drain: Callable[[], None]):
+                 floor: int | None, ids: Any, timeline: Any, drain: Callable[[], None], measured: bool = True):
         self.units, self.arena, self.admission, self.recorder = units, arena, admission, recorder
         self.device, self.floor, self.ids, self.timeline, self.drain = device, floor, ids, timeline, drain
+        self.measured = measured  # fuse=True: a program measured to lose fused opens no group
         self.abort: Callable[[Any, str, BaseException | None], None] = _unwired
         self.sweeps: Any = None
         self.groups: dict[int, Group] = {}
@@ -62,7 +64,10 @@ class Groups:
 
     def join(self, job: Any) -> bool:
         """Put ``job`` in a slot of a group of its program (growing the group, or opening one,
-        if memory allows). False: it runs on its own (no room for a group)."""
+        if memory allows). False: it runs on its own (no room for a group, or fusing its program
+        does not pay: ``job.unfused``)."""
+        if job.unfused is not None:
+            return False
         key = job.program.key
         same = [g for g in self.groups.values() if g.program.key == key]
         group = next((g for g in same if g.free_slot() is not None), None)
@@ -76,7 +81,11 @@ class Groups:
             solos = self._adoptable(job)
             if not opens_alone(job.fuse_hint, len(solos), job.shared, self.floor):
                 return False
-            group = self._open(job.program, open_capacity(job.fuse_hint + len(solos), self.floor))
+            capacity = open_capacity(job.fuse_hint + len(solos), self.floor)
+            verdict = FUSION.get(key, capacity) if self.measured else None
+            if verdict is not None and not verdict.pays(job.fuse_hint + len(solos)):
+                return False  # measured: a fused step costs its members more than their own
+            group = self._open(job.program, capacity)
         if group is None:
             return False
         for solo, lifted in solos:
@@ -107,6 +116,18 @@ class Groups:
         if group.members:
             self._shrink(group)
             return
+        self._close(group)
+
+    def dissolve(self, group: Group) -> None:
+        """Every member leaves at once (fusing does not pay: they step alone from now, their
+        states taken from the stack first) and the group closes, without resizing on the way."""
+        for job in group.members:
+            group.slots[job.slot] = None
+            job.group = job.slot = None
+            self.device.own_batches(job)
+        self._close(group)
+
+    def _close(self, group: Group) -> None:
         self.groups.pop(group.id, None)
         self.units.stop(group)
         self.units.leave_lane(group)
@@ -131,7 +152,8 @@ class Groups:
         """(solo job, its lifted values) of running jobs that can step in ``job``'s program."""
         out = []
         for other in self.units.running.values():
-            if other.is_group or other.group is not None or other.arrays is None or other is job:
+            if other.is_group or other.group is not None or other.arrays is None or other is job \
+                    or other.unfused is not None:
                 continue
             if other.state is not S.RUNNING or other.error is not None or other.steps_left == 0:
                 continue

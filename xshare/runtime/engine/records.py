@@ -97,6 +97,7 @@ class Prepared:
     shared: bool = False                  # other jobs run its program (sweeps.Choice.shared)
     eval: Any = None                      # its Evaluation (evaluation.py), compiled beside the step
     choice: Any = None                    # its family's program, matched before lowering (prepare._covering)
+    unfused: str | None = None            # why it runs alone although it could fuse (fusing does not pay)
 
 
 @dataclass(eq=False)
@@ -133,6 +134,7 @@ class JobRecord:
     slot: int | None = None
     fuse_hint: int = 1                    # jobs of its submit_many call with the same step
     shared: bool = False                  # other jobs of its family run its program (fused runtimes)
+    unfused: str | None = None            # why it never fuses (fusing does not pay: compiled/payoff.py)
     tier: Any = None                      # its K-step program, if promoted (tiers.JobTier)
     # Counters (the dispatcher's).
     dispatched: int = 0                   # steps dispatched since start_step

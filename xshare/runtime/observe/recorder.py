@@ -47,6 +47,23 @@ def check_name(name: Any) -> str:
     return name
 
 
+def check_new_names(names: list[Any], taken: set[str]) -> None:
+    """Refuse names that cannot name a directory, that a job of this runtime has (``taken``),
+    or whose directory another job's would share (with the fix in the message)."""
+    seen = set(taken)
+    dirs = {job_dir(n) for n in seen}
+    for name in names:
+        check_name(name)
+        if name in seen:
+            raise ValueError(f"a job named {name!r} was already submitted to this runtime; "
+                             "give each job a unique name")
+        if job_dir(name) in dirs:
+            raise ValueError(f"job name {name!r} maps to the same directory as another "
+                             "job's; rename one of them")
+        seen.add(name)
+        dirs.add(job_dir(name))
+
+
 class Recorder:
     def __init__(self, *, log_dir: Path | None, checkpoint_dir: Path | None, t0: float,
                  tick: Callable[[], None] | None = None, tick_s: float = 0.2,

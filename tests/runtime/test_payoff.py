@@ -1,0 +1,139 @@
+"""Fusion only where it pays: verdicts (pure), a program measured to lose runs alone, and a group
+measured to lose dissolves with its members' work intact."""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import numpy as np
+import pytest
+
+import xshare
+from tests.helpers import assert_trees_equal, linreg_data, linreg_state, linreg_step, plain_loop
+from xshare.runtime.compiled import payoff
+from xshare.runtime.compiled.compiler import PROGRAMS
+from xshare.runtime.compiled.payoff import FUSION, FusionVerdict, FusionVerdicts
+from xshare.runtime.engine import fusecheck
+
+LOSES = FusionVerdict(capacity=4, solo_step_s=50e-6, fused_step_s=400e-6)   # 100 us a member
+PAYS = FusionVerdict(capacity=4, solo_step_s=100e-6, fused_step_s=120e-6)   # 30 us a member
+
+
+@pytest.fixture
+def verdicts(monkeypatch):
+    """The process-wide verdicts, empty and in memory for one test: a Runtime's compilation cache
+    does not attach them to the session's file (a verdict forced here must not reach other tests)."""
+    monkeypatch.setattr(FUSION, "_by", {})
+    monkeypatch.setattr(FUSION, "_path", None)
+    monkeypatch.setattr(FUSION, "persist", lambda directory: None)
+    return FUSION
+
+
+def test_no_verdict_opens_the_group_so_that_it_is_measured():
+    assert FusionVerdicts().weigh("k", 4, 4, 1000, compile_s=0.5) is None
+
+
+def test_a_program_measured_to_lose_fused_is_refused_with_its_numbers():
+    v = FusionVerdicts()
+    v.put("k", LOSES)
+    why = v.weigh("k", 4, 4, None, compile_s=0.0)
+    assert why == ("fusing does not pay for this program: a fused step of 4 slots costs each of 4 members "
+                   "100 us against 50 us for its own step (measured on this machine)")
+    assert v.weigh("k", 8, 4, None, 0.0) is None  # another capacity is another measurement
+
+
+def test_a_paying_group_still_must_repay_its_compile_from_the_steps_left():
+    v = FusionVerdicts()
+    v.put("k", PAYS)
+    assert v.weigh("k", 4, 4, 4 * 3000, compile_s=0.5) is None  # 12000 x 70 us = 0.84 s > 0.5 s
+    why = v.weigh("k", 4, 4, 4 * 100, compile_s=0.5)
+    assert why is not None and why.startswith("fusing would not repay its program's compile: 400 member steps")
+    assert v.weigh("k", 4, 4, 4 * 100, compile_s=0.0) is None  # compiled already: free
+
+
+def test_a_running_group_dissolves_only_past_the_margin():
+    assert LOSES.loses(4) and not PAYS.loses(4)
+    close = FusionVerdict(4, solo_step_s=100e-6, fused_step_s=4 * 105e-6)  # 5% worse: noise
+    assert not close.pays(4) and not close.loses(4)
+
+
+def test_verdicts_persist_beside_the_compilation_cache_and_an_unreadable_file_is_ignored(tmp_path):
+    a = FusionVerdicts()
+    a.persist(str(tmp_path))
+    a.put("k", LOSES)
+    b = FusionVerdicts()
+    b.persist(str(tmp_path))
+    assert b.get("k", 4) == LOSES
+    (tmp_path / payoff.FILE).write_text("{not json")
+    c = FusionVerdicts()
+    c.persist(str(tmp_path))
+    assert c.get("k", 4) is None
+
+
+def _specs(n, steps=40):
+    return [linreg_step.bind(linreg_state(seed=i), linreg_data(seed=i), steps=steps, name=f"j{i}")
+            for i in range(n)]
+
+
+def _key(spec, fenced):
+    """The program key a runtime with (or without) fences runs ``spec`` under."""
+    return PROGRAMS.get(spec.job, spec.state, spec.data(0), device=jax.devices()[0], fenced=fenced,
+                        compile=False).key
+
+
+def test_jobs_of_a_program_measured_to_lose_run_alone_and_explain_says_why(verdicts, tmp_path):
+    specs = _specs(4)
+    with xshare.Runtime(policy="pack", memory="256MiB", fuse=True, log_dir=tmp_path) as rt:
+        verdicts.put(_key(specs[0], rt.fences), LOSES)
+        plan = rt.explain(specs)
+        handles = rt.submit_many(specs)
+        rt.wait()
+        snap = rt.snapshot()
+    assert plan.groups == [] and set(plan.alone) == {"j0", "j1", "j2", "j3"}
+    assert plan.alone["j0"].startswith("fusing does not pay for this program: a fused step of 4 slots")
+    assert snap["runtime"]["fused_member_steps"] == 0
+    for spec, h in zip(specs, handles):
+        assert_trees_equal(h.result()[0], plain_loop(spec)[0])  # alone: exactly the plain jit loop
+    assert "runs alone: fusing does not pay" in (tmp_path / "j0" / "log.txt").read_text()
+    # fuse="always" fuses them anyway: the user's word over the measurement
+    with xshare.Runtime(policy="pack", memory="256MiB", fuse="always") as rt:
+        rt.submit_many(_specs(4))
+        rt.wait()
+        assert rt.snapshot()["runtime"]["fused_member_steps"] == 4 * 40
+
+
+def test_a_group_measured_to_lose_dissolves_and_its_members_finish_alone_without_losing_a_step(
+        verdicts, monkeypatch, tmp_path):
+    # The measurement is the one input forced here (this CPU finds fusing a linear step pays):
+    # the fused call timed first, then the solo one.
+    times = iter([2000e-6, 50e-6])  # (plus the per-call host cost on each side: still a loss)
+    monkeypatch.setattr(fusecheck, "_fastest", lambda call, arrays: next(times))
+    steps = 200
+    specs = []
+    for i in range(4):  # batches that take 1 ms to make: the solo program's background compile
+        data = linreg_data(seed=i)  # lands while the group still has most of its steps to run
+
+        def slow(step, data=data):
+            time.sleep(0.001)
+            return data(step)
+        specs.append(linreg_step.bind(linreg_state(seed=i), slow, steps=steps, name=f"j{i}"))
+    with xshare.Runtime(policy="pack", memory="256MiB", fuse=True, log_dir=tmp_path) as rt:
+        handles = rt.submit_many(specs)
+        rt.wait()
+        snap = rt.snapshot()
+        key = _key(specs[0], rt.fences)
+    fused = snap["runtime"]["fused_member_steps"]
+    assert fusecheck.WARM_STEPS * 4 <= fused < 4 * steps, fused  # some steps fused, the rest alone
+    assert snap["groups"] == []
+    log = (tmp_path / "j0" / "log.txt").read_text()
+    assert "fusion measured: a fused step of 4 slots costs each of 4 members" in log
+    assert "left group-0 to step alone: fusing does not pay" in log
+    assert verdicts.get(key, 4) is not None and verdicts.get(key, 4).loses(4)
+    for spec, h in zip(specs, handles):
+        state, _ = h.result()
+        # every step ran once, on its own batch, fused then alone: the plain loop's state (to
+        # float rounding: a vmapped step is another XLA program than the solo one)
+        ref, _ = plain_loop(spec)
+        for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(ref)):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)

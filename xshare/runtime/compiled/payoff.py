@@ -1,0 +1,130 @@
+"""Whether fusing pays, from what was measured: a fused step's cost per member against a solo step.
+
+Fusing is not free everywhere: on this project's CPU a vmapped step of small convolutions costs
+each member more than its solo step would (docs/explanation/fusion.md). So the runtime measures,
+once per (program, capacity): a group that has run a few steps times its fused program and the
+members' solo program on copies of the same state (``engine/fusecheck.py``), and keeps the
+verdict here. A verdict that says fusing loses keeps later groups of that program from opening
+(``weigh``: the compile pool and ``Runtime.explain`` ask it) and dissolves the group it was
+measured on; one that says it pays lets the steps left decide whether the group's compile is
+repaid (``sched.steps.fusion_pays``).
+
+Process-wide, and kept beside the persistent compilation cache (``fusion-verdicts.json``) as the
+K-step verdicts are (``multistep.Verdicts``): a relaunch knows without measuring again. No jax.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ...sched.steps import fusion_pays
+
+FILE = "fusion-verdicts.json"
+MARGIN = 1.1   # a running group dissolves only if fused costs its members 10% more than alone
+
+
+@dataclass(frozen=True)
+class FusionVerdict:
+    """A program's fused step at ``capacity`` slots against its solo step, each measured warm on
+    copies of one state (seconds per call, the runtime's per-call host cost included)."""
+
+    capacity: int
+    solo_step_s: float
+    fused_step_s: float
+
+    def member_step_s(self, members: int) -> float:
+        """What one fused step costs each of ``members`` members."""
+        return self.fused_step_s / max(members, 1)
+
+    def pays(self, members: int) -> bool:
+        """Whether a member step costs less fused than alone, with ``members`` stepping."""
+        return self.member_step_s(members) < self.solo_step_s
+
+    def loses(self, members: int) -> bool:
+        """Whether a running group should dissolve: a member step costs clearly more fused than
+        alone (``MARGIN``: a group is not broken up over a difference the measurement's noise
+        could make)."""
+        return self.member_step_s(members) > MARGIN * self.solo_step_s
+
+    def why_not(self, members: int) -> str:
+        """The reason, in numbers, that fusing ``members`` jobs does not pay."""
+        return (f"fusing does not pay for this program: a fused step of {self.capacity} slots costs each "
+                f"of {members} members {self.member_step_s(members) * 1e6:.0f} us against "
+                f"{self.solo_step_s * 1e6:.0f} us for its own step (measured on this machine)")
+
+
+class FusionVerdicts:
+    """(program key, capacity) -> FusionVerdict; read from and written to ``persist``'s directory."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by: dict[tuple[str, int], FusionVerdict] = {}
+        self._path: Path | None = None
+
+    def persist(self, directory: str | None) -> None:
+        if directory is None:
+            return
+        path = Path(directory) / FILE
+        with self._lock:
+            if self._path == path:
+                return
+            self._path = path
+            for key, verdict in _read(path).items():
+                self._by.setdefault(key, verdict)
+
+    def get(self, program_key: str, capacity: int) -> FusionVerdict | None:
+        with self._lock:
+            return self._by.get((program_key, capacity))
+
+    def put(self, program_key: str, verdict: FusionVerdict) -> None:
+        with self._lock:
+            self._by[(program_key, verdict.capacity)] = verdict
+            path = self._path
+        if path is not None:
+            rows = _read(path)
+            rows[(program_key, verdict.capacity)] = verdict
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
+                tmp.write_text(json.dumps([{"program": k, **asdict(v)} for (k, _), v in rows.items()]))
+                os.replace(tmp, path)
+            except OSError:
+                pass  # a read-only cache: the verdict stays in this process
+
+    def clear(self) -> None:
+        with self._lock:
+            self._by.clear()
+
+    def weigh(self, program_key: str, capacity: int, members: int, member_steps_left: int | None,
+              compile_s: float) -> str | None:
+        """Why a group of ``members`` jobs at ``capacity`` slots should not open, or None to open
+        it (no verdict yet: it opens, and is measured). ``member_steps_left``: the members' steps
+        left, summed (None: open-ended); ``compile_s``: what its program costs to compile (0 if
+        compiled)."""
+        verdict = self.get(program_key, capacity)
+        if verdict is None:
+            return None
+        if not verdict.pays(members):
+            return verdict.why_not(members)
+        if member_steps_left is not None and not fusion_pays(member_steps_left, verdict.solo_step_s,
+                                                             verdict.member_step_s(members), compile_s):
+            saved = (verdict.solo_step_s - verdict.member_step_s(members)) * member_steps_left
+            return (f"fusing would not repay its program's compile: {member_steps_left} member steps "
+                    f"left save {saved:.2f} s against a {compile_s:.2f} s compile")
+        return None
+
+
+FUSION = FusionVerdicts()
+
+
+def _read(path: Path) -> dict[tuple[str, int], FusionVerdict]:
+    try:
+        return {(r["program"], int(r["capacity"])): FusionVerdict(int(r["capacity"]), float(r["solo_step_s"]),
+                                                                  float(r["fused_step_s"]))
+                for r in json.loads(path.read_text())}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}  # none yet, or unreadable: groups are measured again (only a cost)

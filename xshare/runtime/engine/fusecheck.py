@@ -1,0 +1,118 @@
+"""Measuring whether a fused group pays, and dissolving one that does not.
+
+A group opened without a verdict for its program (``compiled/payoff.py``) is measured once it has
+run ``WARM_STEPS`` steps: its members' solo program compiles in the background (the tier thread),
+then, at a step boundary, the dispatcher times the fused program on a copy of the group's stack
+and the solo program on a copy of one member's state, the same way (warm calls on zero batches,
+the fastest of ``CALLS``, plus the runtime's measured per-call host cost on each side). A group
+whose step costs each member more than a solo step would dissolves there: each member moves to
+a lane of its own with its state and steps alone from its next step (same steps, same batches:
+its results do not change), provided the arena has room for all of them now; otherwise they stay
+fused. The verdict is kept, so later groups of the program do not open (and ``Runtime.explain``
+says why). Functions over the dispatcher, on its thread (as ``evaluation.py``).
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future
+from typing import Any
+
+import jax
+import numpy as np
+
+from ..compiled import fusion
+from ..compiled.multistep import CALL_S
+from ..compiled.payoff import FUSION, FusionVerdict
+from .group import Group
+
+WARM_STEPS = 8   # group steps before it is measured (its first steps carry one-time costs)
+CALLS = 3        # timed calls each way; the fastest counts (the least disturbed by other threads)
+SETTLED = True   # Group.payoff once measured (or known): nothing more to do
+
+
+def tend(d: Any, group: Group) -> bool:
+    """Before a group step: start or finish its measurement. True if the group dissolved (its
+    members step alone from now; this turn runs nothing)."""
+    state = group.payoff
+    if state is None:
+        if group.steps_run < WARM_STEPS:
+            return False
+        if (not d.config.fuse_measured or d.background is None
+                or FUSION.get(group.program.key, group.capacity) is not None):
+            group.payoff = SETTLED
+            return False
+        # The solo program (not compiled when every job of the program fused) compiles on the
+        # tier thread; the group steps on meanwhile.
+        group.payoff = d.background(group.program.ensure)
+        return False
+    if state is SETTLED or not state.done():
+        return False
+    group.payoff = SETTLED
+    verdict = measure(d, group, state)
+    if verdict is None or not verdict.loses(len(group.stepping()) or len(group.members)):
+        return False
+    return dissolve(d, group, verdict)
+
+
+def measure(d: Any, group: Group, solo: Future) -> FusionVerdict | None:
+    """Time the fused and the solo program on copies (None: not measurable now: the solo program
+    failed to compile, no member has a state to copy, or the copy would not fit in the arena)."""
+    if solo.exception() is not None or not group.members:
+        return None
+    d._drain_inflight()  # the copies are of the newest state
+    if not group.members or fusion.on_host(group.arrays):
+        return None
+    if sum(x.nbytes for x in group.arrays) > d.arena.free:
+        return None  # no room beside the group for a copy of its stack: keep it, unmeasured
+    slot = group.members[0].slot
+    scratch = d._scratch_ident(group)
+    capacity = group.capacity
+    stacked = [np.zeros((capacity, *z.shape), z.dtype) for z in group.zero_batch]
+    mask = np.ones((capacity,), np.bool_)
+    fused_s = _fastest(lambda copy: group.fused.executable(
+        *((copy, (stacked, mask)) + ((scratch,) if scratch is not None else ()))),
+        [x.copy() for x in group.arrays])
+    solo_s = _fastest(lambda copy: d._call(group.program.executable, copy, [z.copy() for z in group.zero_batch],
+                                           scratch), list(fusion.take(group.fused, group.arrays, slot)))
+    call = d.timeline.host_gap_s if d.timeline.host_gap_s is not None else CALL_S
+    verdict = FusionVerdict(capacity, solo_s + call, fused_s + call)
+    FUSION.put(group.program.key, verdict)
+    members = len(group.members)
+    for job in group.members:
+        d.recorder.line(job, f"fusion measured: a fused step of {capacity} slots costs each of {members} "
+                             f"members {verdict.member_step_s(members) * 1e6:.0f} us, its own step "
+                             f"{verdict.solo_step_s * 1e6:.0f} us")
+    return verdict
+
+
+def _fastest(call: Any, arrays: list) -> float:
+    """The fastest of ``CALLS`` warm calls, each on the state the previous one returned."""
+    best = float("inf")
+    for _ in range(CALLS):
+        t0 = time.perf_counter()
+        arrays = call(arrays)[0]
+        jax.block_until_ready(arrays)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def dissolve(d: Any, group: Group, verdict: FusionVerdict) -> bool:
+    """Every member leaves ``group`` for a lane of its own, if all of them fit in the arena now
+    (False: they stay fused, and a line in their logs says why)."""
+    members = group.members
+    staging = d.config.prefetch + d.config.dispatch_ahead
+    footprints = [group.program.with_staging(staging) for _ in members]
+    need = sum(fp.resident + fp.ephemeral for fp in footprints)
+    if d.arena.queue or need > d.arena.free:
+        for job in members:
+            d.recorder.line(job, f"{verdict.why_not(len(members))}; its members stay fused: the arena "
+                                 "has no room for each alone now")
+        return False
+    states = [list(fusion.take(group.fused, group.arrays, job.slot)) for job in members]
+    d.groups.dissolve(group)
+    for job, fp, state in zip(members, footprints, states):
+        job.footprint, job.host_arrays = fp, state
+        d.recorder.line(job, f"left {group.name} to step alone: {verdict.why_not(len(members))}")
+        d.admission.rehome(job)
+    return True
