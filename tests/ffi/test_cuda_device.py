@@ -11,6 +11,7 @@ import pytest
 
 from xshare import ffi
 
+from . import IGNORE_DONATION_WARNING, ring_for
 from .test_fences import heavy_step, mlp_batch, mlp_state, mlp_step
 
 
@@ -23,7 +24,7 @@ def _on_cuda() -> bool:
 
 pytestmark = [
     pytest.mark.skipif(not _on_cuda(), reason="no CUDA backend (set JAX_PLATFORMS=cuda,cpu)"),
-    pytest.mark.filterwarnings("ignore:Some donated buffers were not usable"),
+    IGNORE_DONATION_WARNING,
 ]
 
 
@@ -31,9 +32,7 @@ pytestmark = [
 def ring():
     assert ffi.available(), ffi.unavailable_reason()
     assert "cuda" in ffi._state.registered
-    r = ffi.open_ring(1 << 12)
-    yield r
-    ffi.close_ring(r)
+    yield from ring_for(1 << 12)
 
 
 def drain_all(ring, expect: int):

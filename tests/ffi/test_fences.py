@@ -12,17 +12,14 @@ import pytest
 
 from xshare import ffi
 
-pytestmark = [
-    pytest.mark.skipif(not ffi.available(), reason=f"{ffi.unavailable_reason()}"),
-    pytest.mark.filterwarnings("ignore:Some donated buffers were not usable"),
-]
+from . import IGNORE_DONATION_WARNING, needs_ffi, ring_for
+
+pytestmark = [needs_ffi(), IGNORE_DONATION_WARNING]
 
 
 @pytest.fixture
 def ring():
-    r = ffi.open_ring(1 << 12)
-    yield r
-    ffi.close_ring(r)
+    yield from ring_for(1 << 12)
 
 
 def mlp_step(state, batch):

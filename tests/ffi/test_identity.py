@@ -11,19 +11,15 @@ import pytest
 
 from xshare import ffi
 
+from . import IGNORE_DONATION_WARNING, needs_ffi, ring_for
 from .test_fences import mlp_batch, mlp_state, mlp_step
 
-pytestmark = [
-    pytest.mark.skipif(not ffi.available(), reason=f"{ffi.unavailable_reason()}"),
-    pytest.mark.filterwarnings("ignore:Some donated buffers were not usable"),
-]
+pytestmark = [needs_ffi(), IGNORE_DONATION_WARNING]
 
 
 @pytest.fixture
 def ring():
-    r = ffi.open_ring(1 << 10)
-    yield r
-    ffi.close_ring(r)
+    yield from ring_for(1 << 10)
 
 
 def _stablehlo(fn, *args) -> str:
