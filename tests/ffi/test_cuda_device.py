@@ -12,7 +12,7 @@ import pytest
 from xshare import ffi
 
 from . import IGNORE_DONATION_WARNING, ring_for
-from .test_fences import heavy_step, mlp_batch, mlp_state, mlp_step
+from .test_fences import assert_same_as_plain_step, heavy_step, mlp_batch, mlp_state, mlp_step
 
 
 def _on_cuda() -> bool:
@@ -90,15 +90,8 @@ def test_device_time_brackets_the_step_and_matches_wall_time(ring):
 
 
 def test_results_bit_identical_with_and_without_fences_on_the_gpu(ring):
-    plain = jax.jit(mlp_step, donate_argnums=(0, 1))
-    fenced = jax.jit(ffi.fenced(mlp_step), donate_argnums=(0, 1))
     ident = jax.device_put(ffi.ident(ring, 1))
-    a, b = mlp_state(), mlp_state()
-    for k in range(6):
-        a, ma = plain(a, mlp_batch(k))
-        b, mb = fenced(b, mlp_batch(k), ident)
-    for x, y in zip(jax.tree.leaves((a, ma)), jax.tree.leaves((b, mb))):
-        assert np.array_equal(np.asarray(x), np.asarray(y))
+    assert_same_as_plain_step(jax.jit(ffi.fenced(mlp_step), donate_argnums=(0, 1)), 6, ident)
     drain_all(ring, 12)
 
 

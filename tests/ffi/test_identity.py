@@ -12,7 +12,7 @@ import pytest
 from xshare import ffi
 
 from . import IGNORE_DONATION_WARNING, needs_ffi, ring_for
-from .test_fences import mlp_batch, mlp_state, mlp_step
+from .test_fences import assert_same_as_plain_step, mlp_batch, mlp_state, mlp_step
 
 pytestmark = [needs_ffi(), IGNORE_DONATION_WARNING]
 
@@ -63,15 +63,8 @@ def test_two_jobs_share_one_executable_and_record_their_own_ids(ring):
 
 
 def test_data_form_results_equal_the_plain_step(ring):
-    plain = jax.jit(mlp_step, donate_argnums=(0, 1))
-    fenced = jax.jit(ffi.fenced(mlp_step), donate_argnums=(0, 1))
     ident = jnp.asarray(ffi.ident(ring, 3))
-    a, b = mlp_state(), mlp_state()
-    for k in range(4):
-        a, ma = plain(a, mlp_batch(k))
-        b, mb = fenced(b, mlp_batch(k), ident)
-    for x, y in zip(jax.tree.leaves((a, ma)), jax.tree.leaves((b, mb))):
-        assert np.array_equal(np.asarray(x), np.asarray(y))
+    assert_same_as_plain_step(jax.jit(ffi.fenced(mlp_step), donate_argnums=(0, 1)), 4, ident)
     assert np.array_equal(np.asarray(ident), [ring, 3, -1]), "the ident is not donated"
     assert len(ffi.drain(ring)) == 8
 
