@@ -76,3 +76,33 @@ def heavy_data(dim: int = 256, batch: int = 256, seed: int = 0):
         return {"x": np.random.default_rng((seed, step)).normal(size=(batch, dim)).astype(np.float32)}
 
     return data
+
+
+LR_RANGE = "lr = { low = 1e-3, high = 3e-2, log = true }"
+
+
+def digits_study(*, memory: str, steps: int, eval_every: int, trials: int, concurrency: int,
+                 search: str = LR_RANGE, tune: str = "") -> str:
+    """An ``xshare tune`` spec: xshare.models.digits (batch 32, width 16) searched with a seeded
+    random sampler for the highest eval/accuracy; ``tune``: more lines of its [tune] table."""
+    return f'''
+[runtime]
+memory = "{memory}"
+
+[[job]]
+entry = "xshare.models.digits:make_job"
+steps = {steps}
+params = {{ batch = 32, eval_every = {eval_every}, width = 16 }}
+
+[search]
+{search}
+
+[tune]
+trials = {trials}
+metric = "eval/accuracy"
+direction = "maximize"
+sampler = "random"
+seed = 0
+concurrency = {concurrency}
+{tune}
+'''

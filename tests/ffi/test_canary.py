@@ -15,9 +15,10 @@ from xshare import ffi
 from xshare.ffi import _build, canary
 from xshare.ffi._loader import BEGIN, END
 
+from . import needs_ffi
 from ..helpers import assert_trees_equal, linreg_data, linreg_state, linreg_step, plain_loop
 
-pytestmark = pytest.mark.skipif(not ffi.available(), reason=f"{ffi.unavailable_reason()}")
+pytestmark = needs_ffi()
 
 
 @pytest.fixture

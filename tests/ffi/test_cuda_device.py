@@ -11,7 +11,8 @@ import pytest
 
 from xshare import ffi
 
-from .test_fences import heavy_step, mlp_batch, mlp_state, mlp_step
+from . import IGNORE_DONATION_WARNING, ring_for
+from .test_fences import assert_same_as_plain_step, heavy_step, mlp_batch, mlp_state, mlp_step
 
 
 def _on_cuda() -> bool:
@@ -23,7 +24,7 @@ def _on_cuda() -> bool:
 
 pytestmark = [
     pytest.mark.skipif(not _on_cuda(), reason="no CUDA backend (set JAX_PLATFORMS=cuda,cpu)"),
-    pytest.mark.filterwarnings("ignore:Some donated buffers were not usable"),
+    IGNORE_DONATION_WARNING,
 ]
 
 
@@ -31,9 +32,7 @@ pytestmark = [
 def ring():
     assert ffi.available(), ffi.unavailable_reason()
     assert "cuda" in ffi._state.registered
-    r = ffi.open_ring(1 << 12)
-    yield r
-    ffi.close_ring(r)
+    yield from ring_for(1 << 12)
 
 
 def drain_all(ring, expect: int):
@@ -91,15 +90,8 @@ def test_device_time_brackets_the_step_and_matches_wall_time(ring):
 
 
 def test_results_bit_identical_with_and_without_fences_on_the_gpu(ring):
-    plain = jax.jit(mlp_step, donate_argnums=(0, 1))
-    fenced = jax.jit(ffi.fenced(mlp_step), donate_argnums=(0, 1))
     ident = jax.device_put(ffi.ident(ring, 1))
-    a, b = mlp_state(), mlp_state()
-    for k in range(6):
-        a, ma = plain(a, mlp_batch(k))
-        b, mb = fenced(b, mlp_batch(k), ident)
-    for x, y in zip(jax.tree.leaves((a, ma)), jax.tree.leaves((b, mb))):
-        assert np.array_equal(np.asarray(x), np.asarray(y))
+    assert_same_as_plain_step(jax.jit(ffi.fenced(mlp_step), donate_argnums=(0, 1)), 6, ident)
     drain_all(ring, 12)
 
 

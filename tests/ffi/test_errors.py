@@ -11,19 +11,16 @@ import pytest
 
 from xshare import ffi
 
-pytestmark = pytest.mark.skipif(not ffi.available(), reason=f"{ffi.unavailable_reason()}")
+from . import needs_ffi, ring_for
+
+pytestmark = needs_ffi()
 
 F32x4 = jax.ShapeDtypeStruct((4,), jnp.float32)
 
 
 @pytest.fixture
 def ring():
-    r = ffi.open_ring(64)
-    yield r
-    try:
-        ffi.close_ring(r)
-    except ValueError:
-        pass
+    yield from ring_for(64, the_test_may_close_it=True)
 
 
 def raw_begin(results, *args, ring_id, job_id=1, lane_id=-1, ident=None):

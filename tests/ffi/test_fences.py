@@ -12,17 +12,14 @@ import pytest
 
 from xshare import ffi
 
-pytestmark = [
-    pytest.mark.skipif(not ffi.available(), reason=f"{ffi.unavailable_reason()}"),
-    pytest.mark.filterwarnings("ignore:Some donated buffers were not usable"),
-]
+from . import IGNORE_DONATION_WARNING, needs_ffi, ring_for
+
+pytestmark = [needs_ffi(), IGNORE_DONATION_WARNING]
 
 
 @pytest.fixture
 def ring():
-    r = ffi.open_ring(1 << 12)
-    yield r
-    ffi.close_ring(r)
+    yield from ring_for(1 << 12)
 
 
 def mlp_step(state, batch):
@@ -47,6 +44,18 @@ def mlp_batch(k, n=8, d=16, o=4):
     rng = np.random.default_rng(100 + k)
     return {"x": jnp.asarray(rng.normal(size=(n, d)), jnp.float32),
             "y": jnp.asarray(rng.normal(size=(n, o)), jnp.float32)}
+
+
+def assert_same_as_plain_step(fenced, steps: int, *extra) -> None:
+    """``fenced`` (a jit of the fenced ``mlp_step``; ``extra``: its arguments after the batch)
+    gives the plain step's state and metrics, bit for bit, at each of ``steps`` steps."""
+    plain = jax.jit(mlp_step, donate_argnums=(0, 1))
+    a, b = mlp_state(), mlp_state()
+    for k in range(steps):
+        a, ma = plain(a, mlp_batch(k))
+        b, mb = fenced(b, mlp_batch(k), *extra)
+        for x, y in zip(jax.tree.leaves((a, ma)), jax.tree.leaves((b, mb)), strict=True):
+            assert np.array_equal(np.asarray(x), np.asarray(y))
 
 
 def _entry(hlo: str) -> str:
@@ -146,14 +155,7 @@ def test_fence_time_matches_wall_time_of_one_job(ring):
 
 
 def test_results_bit_identical_with_and_without_fences(ring):
-    plain = jax.jit(mlp_step, donate_argnums=(0, 1))
-    fenced = jax.jit(ffi.fenced(mlp_step, ring_id=ring, job_id=1), donate_argnums=(0, 1))
-    a, b = mlp_state(), mlp_state()
-    for k in range(6):
-        a, ma = plain(a, mlp_batch(k))
-        b, mb = fenced(b, mlp_batch(k))
-        for x, y in zip(jax.tree.leaves((a, ma)), jax.tree.leaves((b, mb))):
-            assert np.array_equal(np.asarray(x), np.asarray(y))
+    assert_same_as_plain_step(jax.jit(ffi.fenced(mlp_step, ring_id=ring, job_id=1), donate_argnums=(0, 1)), 6)
     assert len(ffi.drain(ring)) == 12
 
 

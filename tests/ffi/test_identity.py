@@ -11,19 +11,15 @@ import pytest
 
 from xshare import ffi
 
-from .test_fences import mlp_batch, mlp_state, mlp_step
+from . import IGNORE_DONATION_WARNING, needs_ffi, ring_for
+from .test_fences import assert_same_as_plain_step, mlp_batch, mlp_state, mlp_step
 
-pytestmark = [
-    pytest.mark.skipif(not ffi.available(), reason=f"{ffi.unavailable_reason()}"),
-    pytest.mark.filterwarnings("ignore:Some donated buffers were not usable"),
-]
+pytestmark = [needs_ffi(), IGNORE_DONATION_WARNING]
 
 
 @pytest.fixture
 def ring():
-    r = ffi.open_ring(1 << 10)
-    yield r
-    ffi.close_ring(r)
+    yield from ring_for(1 << 10)
 
 
 def _stablehlo(fn, *args) -> str:
@@ -67,15 +63,8 @@ def test_two_jobs_share_one_executable_and_record_their_own_ids(ring):
 
 
 def test_data_form_results_equal_the_plain_step(ring):
-    plain = jax.jit(mlp_step, donate_argnums=(0, 1))
-    fenced = jax.jit(ffi.fenced(mlp_step), donate_argnums=(0, 1))
     ident = jnp.asarray(ffi.ident(ring, 3))
-    a, b = mlp_state(), mlp_state()
-    for k in range(4):
-        a, ma = plain(a, mlp_batch(k))
-        b, mb = fenced(b, mlp_batch(k), ident)
-    for x, y in zip(jax.tree.leaves((a, ma)), jax.tree.leaves((b, mb))):
-        assert np.array_equal(np.asarray(x), np.asarray(y))
+    assert_same_as_plain_step(jax.jit(ffi.fenced(mlp_step), donate_argnums=(0, 1)), 4, ident)
     assert np.array_equal(np.asarray(ident), [ring, 3, -1]), "the ident is not donated"
     assert len(ffi.drain(ring)) == 8
 

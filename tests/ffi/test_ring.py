@@ -12,7 +12,9 @@ from hypothesis import strategies as st
 
 from xshare import ffi
 
-pytestmark = pytest.mark.skipif(not ffi.available(), reason=f"{ffi.unavailable_reason()}")
+from . import needs_ffi, ring_for
+
+pytestmark = needs_ffi()
 
 
 def _push(ring_id: int, n: int, job: int = 1, lane: int = 0, kind: int = 0) -> None:
@@ -23,12 +25,7 @@ def _push(ring_id: int, n: int, job: int = 1, lane: int = 0, kind: int = 0) -> N
 
 @pytest.fixture
 def ring():
-    r = ffi.open_ring(8)
-    yield r
-    try:
-        ffi.close_ring(r)
-    except ValueError:
-        pass
+    yield from ring_for(8, the_test_may_close_it=True)
 
 
 def test_drain_is_oldest_first_and_clears(ring):

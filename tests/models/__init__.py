@@ -7,8 +7,10 @@ import json
 from pathlib import Path
 
 import numpy as np
+from flax import nnx
 
 import xshare
+from tests.helpers import assert_trees_equal, plain_loop
 
 
 def losses(log_dir: Path, job: str) -> np.ndarray:
@@ -33,3 +35,24 @@ def learner_and_control(make_job, steps: int, log_dir: Path):
         handles = rt.submit_many(specs)
         rt.wait()
     return log_dir, specs, handles
+
+
+def finished_losses(shared_run, steps: int) -> tuple[np.ndarray, np.ndarray]:
+    """The losses of ``learner_and_control``'s two jobs, ``(learns, frozen)``, after checking
+    that both are done and logged every one of their ``steps``."""
+    log_dir, _, handles = shared_run
+    assert [h.status() for h in handles] == ["done", "done"], [h.error for h in handles]
+    learns, frozen = losses(log_dir, "learns"), losses(log_dir, "frozen")
+    assert len(learns) == len(frozen) == steps
+    return learns, frozen
+
+
+def learner_as_plain_loop(shared_run):
+    """Check that the learner's final state (an nnx ``(model, optimizer)``) and last loss are
+    bit-identical to a plain loop's; returns ``(state, metrics, reference_metrics)``."""
+    _, specs, handles = shared_run
+    state, metrics = handles[0].result()
+    ref_state, ref_metrics = plain_loop(specs[0])
+    assert_trees_equal(nnx.state(state), ref_state)
+    assert metrics["loss"] == float(ref_metrics["loss"])
+    return state, metrics, ref_metrics

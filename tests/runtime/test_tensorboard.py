@@ -15,7 +15,7 @@ import xshare
 from xshare.cli.main import main
 from xshare.runtime.observe import writers
 from tests.cli.test_spec import fac, write_spec  # noqa: F401  (fac is a fixture)
-from tests.helpers import linreg_data, linreg_state, linreg_step
+from tests.helpers import digits_study, linreg_data, linreg_state, linreg_step
 
 pytest.importorskip("tensorboardX")
 event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
@@ -159,26 +159,7 @@ def test_xshare_launch_writes_event_files_with_the_grid_as_hparams(tmp_path, fac
         assert hparams["lr"] == pytest.approx(lr)
 
 
-STUDY = '''
-[runtime]
-memory = "1GiB"
-
-[[job]]
-entry = "xshare.models.digits:make_job"
-steps = 10
-params = { batch = 32, eval_every = 5, width = 16 }
-
-[search]
-lr = { low = 1e-3, high = 3e-2, log = true }
-
-[tune]
-trials = 2
-metric = "eval/accuracy"
-direction = "maximize"
-sampler = "random"
-seed = 0
-concurrency = 2
-'''
+STUDY = digits_study(memory="1GiB", steps=10, eval_every=5, trials=2, concurrency=2)
 
 
 @pytest.mark.slow  # (launch's test above covers the CLI's default; this one runs a study)

@@ -93,6 +93,19 @@ def client(served):
     c.close()
 
 
+def infer_input(module, x: np.ndarray, name: str = "x", dtype: str = "FP32"):
+    """A tritonclient input (``module``: tritonclient.http or tritonclient.grpc) holding ``x``."""
+    i = module.InferInput(name, list(x.shape), dtype)
+    i.set_data_from_numpy(x)
+    return i
+
+
+def send_request(client, module, name: str = "x", dtype: str = "FP32", x: np.ndarray | None = None, model: str = "mlp"):
+    """One request through ``client`` (of tritonclient ``module``): input ``name`` holding ``x``
+    (``rows(2)`` by default) as ``dtype``, to ``model``; the bad-request tests vary one of them."""
+    return client.infer(model, [infer_input(module, rows(2) if x is None else x, name, dtype)])
+
+
 def infer_mlp(client, x: np.ndarray, *, binary: bool = True) -> dict[str, np.ndarray]:
     import tritonclient.http as httpclient
 

@@ -4,6 +4,7 @@ and HTTP requests sharing one batch, and every refusal with its gRPC status code
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 
@@ -17,8 +18,8 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 import xshare
-from tests.serving.conftest import (AFFINE_PARAMS, D_IN, D_OUT, affine_predict, direct_mlp, mlp_spec,
-                                    rows, serving_runtime)
+from tests.serving.conftest import (AFFINE_PARAMS, D_IN, D_OUT, affine_predict, direct_mlp, infer_input,
+                                    mlp_spec, rows, send_request, serving_runtime)
 from tests.serving.test_oip import raising_predict
 
 
@@ -36,9 +37,7 @@ def gclient(both):
 
 
 def grpc_mlp(client, x: np.ndarray, model: str = "mlp") -> dict[str, np.ndarray]:
-    i = grpcclient.InferInput("x", list(x.shape), "FP32")
-    i.set_data_from_numpy(x)
-    r = client.infer(model, [i], outputs=[grpcclient.InferRequestedOutput(n) for n in ("y", "argmax")])
+    r = client.infer(model, [infer_input(grpcclient, x)], outputs=[grpcclient.InferRequestedOutput(n) for n in ("y", "argmax")])
     return {n: np.array(r.as_numpy(n)) for n in ("y", "argmax")}
 
 
@@ -131,11 +130,7 @@ def test_grpc_and_http_requests_share_one_batch(both):
 
 
 def test_refusals_map_to_grpc_status_codes_and_the_models_serve_on(both, gclient):
-    def send(name="x", dtype="FP32", x=None, model="mlp"):
-        x = rows(2) if x is None else x
-        i = grpcclient.InferInput(name, list(x.shape), dtype)
-        i.set_data_from_numpy(x)
-        return gclient.infer(model, [i])
+    send = functools.partial(send_request, gclient, grpcclient)
 
     code, msg = code_of(lambda: send(name="z"))
     assert code == "StatusCode.INVALID_ARGUMENT" and "unknown input 'z'" in msg and "['x']" in msg

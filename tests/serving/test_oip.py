@@ -4,6 +4,7 @@ getting their own rows, metadata, readiness, and every bad request with its stat
 
 from __future__ import annotations
 
+import functools
 import http.client
 import json
 import re
@@ -20,7 +21,8 @@ import xshare
 from xshare.serving.oip import INFER_MAX_BODY_BYTES
 
 from tests.serving.conftest import (AFFINE_PARAMS, D_IN, D_OUT, HIDDEN, affine_predict, client,  # noqa: F401
-                                    direct_mlp, infer_mlp, mlp_params, mlp_predict, mlp_spec, rows, served)
+                                    direct_mlp, infer_input, infer_mlp, mlp_params, mlp_predict, mlp_spec, rows,
+                                    send_request, served)
 
 
 def post(address: str, path: str, body: bytes, headers: dict[str, str] | None = None):
@@ -78,9 +80,7 @@ def test_concurrent_requests_batch_together_and_each_gets_its_own_rows(served):
     def one(i):
         c = httpclient.InferenceServerClient(served.status_server.address)
         try:
-            inp = httpclient.InferInput("x", list(xs[i].shape), "FP32")
-            inp.set_data_from_numpy(xs[i])
-            answers[i] = np.array(c.infer("batcher", [inp]).as_numpy("y"))
+            answers[i] = np.array(c.infer("batcher", [infer_input(httpclient, xs[i])]).as_numpy("y"))
         finally:
             c.close()
 
@@ -135,11 +135,7 @@ def test_metadata_readiness_and_health(served, client):
 def test_every_bad_request_gets_its_status_code_and_the_models_serve_on(served, client):
     addr = served.status_server.address
 
-    def send(name="x", dtype="FP32", x=None, model="mlp"):
-        x = rows(2) if x is None else x
-        i = httpclient.InferInput(name, list(x.shape), dtype)
-        i.set_data_from_numpy(x)
-        return client.infer(model, [i])
+    send = functools.partial(send_request, client, httpclient)
 
     code, msg = status_of(lambda: send(name="z"))
     assert code == "400" and "unknown input 'z'" in msg and "['x']" in msg
@@ -205,9 +201,7 @@ def test_a_predict_that_raises_fails_its_batch_only(served, client):
                                name="fragile", max_batch=4, max_delay_ms=1))
 
     def send(x):
-        i = httpclient.InferInput("x", list(x.shape), "FP32")
-        i.set_data_from_numpy(x)
-        return np.array(client.infer("fragile", [i]).as_numpy("y"))
+        return np.array(client.infer("fragile", [infer_input(httpclient, x)]).as_numpy("y"))
 
     code, msg = status_of(lambda: send(np.full((2, 2), 666, np.float32)))
     assert code == "500" and "predict failed for this batch" in msg and "poisoned row" in msg

@@ -4,7 +4,6 @@ nothing started, nothing left behind)."""
 from __future__ import annotations
 
 import json
-import textwrap
 
 import pytest
 
@@ -12,33 +11,14 @@ optuna = pytest.importorskip("optuna")
 pytest.importorskip("sklearn")
 
 from xshare.cli.main import main  # noqa: E402
+from tests.helpers import LR_RANGE, digits_study  # noqa: E402
 
-SPEC = '''
-[runtime]
-memory = "1GiB"
-
-[[job]]
-entry = "xshare.models.digits:make_job"
-steps = 30
-params = {{ batch = 32, eval_every = 10, width = 16 }}
-
-[search]
-{search}
-
-[tune]
-trials = 4
-metric = "eval/accuracy"
-direction = "maximize"
-sampler = "random"
-seed = 0
-concurrency = 2
-'''
-GOOD = 'lr = { low = 1e-3, high = 3e-2, log = true }\ndepth = [1, 2]'
+GOOD = LR_RANGE + '\ndepth = [1, 2]'
 
 
 def write(tmp_path, search=GOOD):
     path = tmp_path / "study.toml"
-    path.write_text(textwrap.dedent(SPEC.format(search=search)))
+    path.write_text(digits_study(memory="1GiB", steps=30, eval_every=10, trials=4, concurrency=2, search=search))
     return path
 
 

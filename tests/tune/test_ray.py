@@ -5,7 +5,6 @@ job stops before its budget."""
 from __future__ import annotations
 
 import json
-import textwrap
 
 import pytest
 
@@ -16,31 +15,12 @@ ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'xsha
 from xshare.cli.main import main  # noqa: E402
 from xshare.jobs.request import JobRequest  # noqa: E402
 from xshare.tune._optimize import ATTR_ERROR, ATTR_JOB, ATTR_PRUNED_AT, ATTR_STEPS  # noqa: E402
+from tests.helpers import digits_study  # noqa: E402
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 TS = optuna.trial.TrialState
 
-SPEC = '''
-[runtime]
-memory = "512MiB"
-
-[[job]]
-entry = "xshare.models.digits:make_job"
-steps = 30
-params = { batch = 32, eval_every = 10, width = 16 }
-
-[search]
-lr = { low = 1e-3, high = 3e-2, log = true }
-
-[tune]
-trials = 4
-metric = "eval/accuracy"
-direction = "maximize"
-pruner = "none"
-sampler = "random"
-seed = 0
-concurrency = 4
-'''
+SPEC = digits_study(memory="512MiB", steps=30, eval_every=10, trials=4, concurrency=4, tune='pruner = "none"')
 
 
 def rows(run_dir, name):
@@ -55,7 +35,7 @@ def evals(run_dir, name, metric="eval/accuracy"):
 @pytest.mark.slow
 def test_xshare_tune_ray_runs_a_digits_study_on_two_actors(local_ray, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "study.toml").write_text(textwrap.dedent(SPEC))
+    (tmp_path / "study.toml").write_text(SPEC)
     assert main(["tune", "study.toml", "--ray", "--actors", "2", "--out", "run", "--status-port", "-1"]) == 0
     out = capsys.readouterr().out
     run = tmp_path / "run"
@@ -198,7 +178,7 @@ def test_a_dead_actors_trial_fails_and_its_parameters_run_again_on_the_actor_lef
 
 def test_bad_actors_exits_2_and_leaves_nothing(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "study.toml").write_text(textwrap.dedent(SPEC))
+    (tmp_path / "study.toml").write_text(SPEC)
     assert main(["tune", "study.toml", "--ray", "--actors", "0", "--out", "run", "--status-port", "-1"]) == 2
     assert "--actors 0 must be >= 1 (runtime actors to start)" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["study.toml"]
@@ -206,7 +186,7 @@ def test_bad_actors_exits_2_and_leaves_nothing(tmp_path, monkeypatch, capsys):
 
 def test_more_actors_than_the_cluster_holds_exits_2_and_leaves_nothing(local_ray, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "study.toml").write_text(textwrap.dedent(SPEC))
+    (tmp_path / "study.toml").write_text(SPEC)
     # (Ray would wait forever for a third CPU: the study would hang at its first submit)
     assert main(["tune", "study.toml", "--ray", "--actors", "3", "--out", "run", "--status-port", "-1"]) == 2
     assert ("3 runtime actors need 3 CPUs (1 each); the Ray cluster has 2: ask for --actors 2 or fewer"

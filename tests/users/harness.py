@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import xshare
 
@@ -188,3 +189,37 @@ def check_multistep(make_spec: Callable[[int], xshare.JobSpec], ref: Any,
         assert tier is not None and tier.steps_at.get(MULTI_K, 0) > 0, \
             f"under {policy} no call ran {MULTI_K} steps: {tier and tier.steps_at} {tier and tier.note}"
         assert_states_equal(canon(handles[0].result()[0]), ref, what=f"{MULTI_K} steps per call under {policy}")
+
+
+class Checks:
+    """The checks above as tests, for each users'-code module's ``TestUnderTheRuntime`` to inherit.
+
+    The subclass sets, as staticmethods, the module's ``spec(seed, steps=STEPS, batches=None)``,
+    ``reference(seed, steps=STEPS)`` (the final state run the reference way) and ``data(seed)``;
+    ``canon`` where the result is not the reference's pytree (``nnx.state`` for an NNX job), and
+    ``fused_tolerance`` where a vmapped step may differ more (bfloat16).
+    """
+
+    spec: Callable[..., xshare.JobSpec]
+    reference: Callable[..., Any]
+    data: Callable[[int], Callable[[int], Any]]
+    canon: Callable[[Any], Any] = staticmethod(lambda s: s)
+    fused_tolerance = 1e-5
+
+    @pytest.mark.parametrize("policy", xshare.POLICIES)
+    def test_bit_identical_to_the_reference_under_every_policy(self, policy):
+        check_policy(policy, [self.spec(0), self.spec(1)], [self.reference(0), self.reference(1)], self.canon)
+
+    def test_fused_sweep(self):
+        check_fused([self.spec(0), self.spec(1)], [self.reference(0), self.reference(1)], self.canon,
+                    tolerance=self.fused_tolerance)
+
+    def test_checkpointed_and_resumed(self, tmp_path):
+        check_resume(tmp_path, lambda b: self.spec(0, RESUME_STEPS, b), self.data(0),
+                     self.reference(0, RESUME_STEPS), self.canon)
+
+    @pytest.mark.parametrize("policies", [("pack", "srtf"), pytest.param(xshare.POLICIES, marks=pytest.mark.slow)],
+                             ids=["pack-srtf", "every-policy"])
+    def test_several_steps_per_call_bit_identical(self, policies):
+        check_multistep(lambda steps: self.spec(0, steps), self.reference(0, MULTI_STEPS), self.canon,
+                        policies=policies)

@@ -10,7 +10,6 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import optax
-import pytest
 
 import xshare
 from tests.users import harness
@@ -55,28 +54,12 @@ def test_the_state_has_non_array_leaves():
     assert all(eqx.is_array(x) or callable(x) for x in leaves)
 
 
-@pytest.mark.parametrize("policy", xshare.POLICIES)
-def test_bit_identical_to_filter_jit_under_every_policy(policy):
-    harness.check_policy(policy, [spec(0), spec(1)], [reference(0), reference(1)])
-
-
-def test_fused_sweep():
-    harness.check_fused([spec(0), spec(1)], [reference(0), reference(1)])
-
-
-def test_checkpointed_and_resumed(tmp_path):
-    harness.check_resume(tmp_path, lambda b: spec(0, harness.RESUME_STEPS, b), data(0),
-                         reference(0, harness.RESUME_STEPS))
-
-
-def test_the_reference_trains():  # the comparison above is between runs that do something
+def test_the_reference_trains():  # TestUnderTheRuntime compares runs that do something
     first = loss_fn(state(0)[0], data(0)(0))
     last = loss_fn(reference(0, 30)[0], data(0)(0))
     assert float(last) < 0.9 * float(first)
     assert jnp.isfinite(last)
 
 
-@pytest.mark.parametrize("policies", [("pack", "srtf"), pytest.param(xshare.POLICIES, marks=pytest.mark.slow)],
-                         ids=["pack-srtf", "every-policy"])
-def test_several_steps_per_call_bit_identical(policies):
-    harness.check_multistep(lambda steps: spec(0, steps), reference(0, harness.MULTI_STEPS), policies=policies)
+class TestUnderTheRuntime(harness.Checks):
+    spec, reference, data = staticmethod(spec), staticmethod(reference), staticmethod(data)

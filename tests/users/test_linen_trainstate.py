@@ -75,19 +75,9 @@ def test_the_state_holds_a_typed_key_and_batch_stats():
     assert jnp.issubdtype(s.key.dtype, jax.dtypes.prng_key) and jax.tree.leaves(s.batch_stats)
 
 
-@pytest.mark.parametrize("policy", xshare.POLICIES)
-def test_bit_identical_to_jax_jit_under_every_policy(policy):
-    harness.check_policy(policy, [spec(0), spec(1)], [reference(0), reference(1)])
+class TestUnderTheRuntime(harness.Checks):
+    spec, reference, data = staticmethod(spec), staticmethod(reference), staticmethod(data)
 
-
-def test_fused_sweep():
-    harness.check_fused([spec(0), spec(1)], [reference(0), reference(1)])
-
-
-def test_checkpointed_and_resumed(tmp_path):
-    harness.check_resume(tmp_path, lambda b: spec(0, harness.RESUME_STEPS, b), data(0),
-                         reference(0, harness.RESUME_STEPS))
-
-
-def test_several_steps_per_call_bit_identical_under_every_policy():
-    harness.check_multistep(lambda steps: spec(0, steps), reference(0, harness.MULTI_STEPS))
+    @pytest.mark.parametrize("policies", [xshare.POLICIES], ids=["every-policy"])
+    def test_several_steps_per_call_bit_identical(self, policies):  # every policy, not only when slow
+        super().test_several_steps_per_call_bit_identical(policies)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import jax
 import optax
-import pytest
 from flax import nnx
 
 import xshare
@@ -49,21 +48,5 @@ def test_the_structure_is_shared_and_holds_typed_keys():
     assert any(jax.numpy.issubdtype(x.dtype, jax.dtypes.prng_key) for x in jax.tree.leaves(split(0)[1]))
 
 
-@pytest.mark.parametrize("policy", xshare.POLICIES)
-def test_bit_identical_to_jax_jit_under_every_policy(policy):
-    harness.check_policy(policy, [spec(0), spec(1)], [reference(0), reference(1)])
-
-
-def test_fused_sweep():
-    harness.check_fused([spec(0), spec(1)], [reference(0), reference(1)])
-
-
-def test_checkpointed_and_resumed(tmp_path):
-    harness.check_resume(tmp_path, lambda b: spec(0, harness.RESUME_STEPS, b), data(0),
-                         reference(0, harness.RESUME_STEPS))
-
-
-@pytest.mark.parametrize("policies", [("pack", "srtf"), pytest.param(xshare.POLICIES, marks=pytest.mark.slow)],
-                         ids=["pack-srtf", "every-policy"])
-def test_several_steps_per_call_bit_identical(policies):
-    harness.check_multistep(lambda steps: spec(0, steps), reference(0, harness.MULTI_STEPS), policies=policies)
+class TestUnderTheRuntime(harness.Checks):
+    spec, reference, data = staticmethod(spec), staticmethod(reference), staticmethod(data)

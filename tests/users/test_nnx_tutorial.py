@@ -8,7 +8,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import pytest
 from flax import nnx
 
 import xshare
@@ -75,21 +74,6 @@ def test_the_state_holds_typed_keys():  # what makes this case need the runtime'
     assert leaves, "no typed key in the state: this case would not test key support"
 
 
-@pytest.mark.parametrize("policy", xshare.POLICIES)
-def test_bit_identical_to_nnx_jit_under_every_policy(policy):
-    harness.check_policy(policy, [spec(0), spec(1)], [reference(0), reference(1)], canon)
-
-
-def test_fused_sweep():
-    harness.check_fused([spec(0), spec(1)], [reference(0), reference(1)], canon)
-
-
-def test_checkpointed_and_resumed(tmp_path):
-    harness.check_resume(tmp_path, lambda b: spec(0, harness.RESUME_STEPS, b), data(0),
-                         reference(0, harness.RESUME_STEPS), canon)
-
-
-@pytest.mark.parametrize("policies", [("pack", "srtf"), pytest.param(xshare.POLICIES, marks=pytest.mark.slow)],
-                         ids=["pack-srtf", "every-policy"])
-def test_several_steps_per_call_bit_identical(policies):
-    harness.check_multistep(lambda steps: spec(0, steps), reference(0, harness.MULTI_STEPS), canon, policies=policies)
+class TestUnderTheRuntime(harness.Checks):
+    spec, reference, data = staticmethod(spec), staticmethod(reference), staticmethod(data)
+    canon = staticmethod(canon)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from xshare._errors import SpecError
 from xshare._units import parse_bytes
@@ -118,18 +118,28 @@ def parse_set(item: str) -> tuple[str, Any]:
 # ---------------------------------------------------------------------------------- tables
 
 
-def read_toml(path: Path) -> tuple[Mapping[str, Any], list[Any]]:
-    """The ``[runtime]`` table and the ``[[job]]`` tables of a spec file, shape-checked."""
+def load_spec(path: str | Path, keys: Sequence[str], allowed: str, missing_hint: str = "") -> dict[str, Any]:
+    """A spec file's top-level tables, each key one of ``keys``; errors name ``path`` as given.
+
+    ``allowed`` ends the unknown-key error ("Allowed: {allowed}."); ``missing_hint`` follows
+    the missing-file one. Shared by launch specs (here) and tune specs (``search.py``).
+    """
     try:
-        raw = tomllib.loads(path.read_text())
+        raw = tomllib.loads(Path(path).read_text())
     except FileNotFoundError:
-        raise SpecError(f"spec file {str(path)!r} does not exist (give SPEC.toml or module:function)") from None
+        raise SpecError(f"spec file {str(path)!r} does not exist{missing_hint}") from None
     except tomllib.TOMLDecodeError as err:
         raise SpecError(f"{path}: not valid TOML: {err}") from None
-    where = f"{path}: "
     for key in raw:
-        if key not in TOP_KEYS:
-            raise SpecError(f"{where}unknown top-level key {key!r}{did_you_mean(key, TOP_KEYS)}. Allowed: [runtime] and [[job]] tables.")
+        if key not in keys:
+            raise SpecError(f"{path}: unknown top-level key {key!r}{did_you_mean(key, keys)}. Allowed: {allowed}.")
+    return raw
+
+
+def read_toml(path: Path) -> tuple[Mapping[str, Any], list[Any]]:
+    """The ``[runtime]`` table and the ``[[job]]`` tables of a spec file, shape-checked."""
+    raw = load_spec(path, TOP_KEYS, "[runtime] and [[job]] tables", missing_hint=" (give SPEC.toml or module:function)")
+    where = f"{path}: "
     runtime_raw = raw.get("runtime", {})
     if not isinstance(runtime_raw, Mapping):
         raise SpecError(f"{where}'runtime' must be a table: [runtime] policy = \"pack\"")

@@ -23,14 +23,13 @@ direction = "maximize"
 from __future__ import annotations
 
 import math
-import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
 from xshare._errors import SpecError
 
-from .parse import Overrides, RuntimeOptions, check_job, check_runtime
+from .parse import Overrides, RuntimeOptions, check_job, check_runtime, load_spec
 from .resolve import check_params, did_you_mean, signature
 
 TOP_KEYS = ("runtime", "job", "search", "tune")
@@ -119,17 +118,8 @@ def plan_from_json(data: Mapping[str, Any], where: str) -> TunePlan:
 def plan_tune(path: str, runtime_over: Overrides, tune_over: Mapping[str, Any]) -> TunePlan:
     """Read and check everything a tune run needs; a SpecError names the problem and the fix."""
     file = Path(path)
-    try:
-        raw = tomllib.loads(file.read_text())
-    except FileNotFoundError:
-        raise SpecError(f"spec file {path!r} does not exist") from None
-    except tomllib.TOMLDecodeError as err:
-        raise SpecError(f"{path}: not valid TOML: {err}") from None
+    raw = load_spec(path, TOP_KEYS, "[runtime], [[job]], [search] and [tune]")
     where = f"{path}: "
-    for key in raw:
-        if key not in TOP_KEYS:
-            raise SpecError(f"{where}unknown top-level key {key!r}{did_you_mean(key, TOP_KEYS)}. "
-                            "Allowed: [runtime], [[job]], [search] and [tune].")
     runtime_raw = raw.get("runtime", {})
     if not isinstance(runtime_raw, Mapping):
         raise SpecError(f"{where}'runtime' must be a table")

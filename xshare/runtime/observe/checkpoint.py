@@ -34,8 +34,8 @@ import numpy as np
 
 from ..._errors import XShareError
 from . import checkpoint_msgpack
-from .checkpoint_msgpack import Checkpoint
-from ..compiled.leaves import is_array, is_key, layout_of, promoted
+from .checkpoint_msgpack import Checkpoint, kinds_of, layout_as_saved
+from ..compiled.leaves import is_array, is_key, layout_of
 
 __all__ = ["Checkpoint", "FILENAME", "KEEP", "save", "load", "path_for", "steps", "Managers"]
 
@@ -128,9 +128,7 @@ def save(path: Path, *, step: int, state: Any, metrics: dict[str, float] | None,
         "arrays": [[str(np.asarray(a).dtype), list(np.shape(a))] for a in arrays],
         "paths": layout.array_paths(),
         "keys": [impl for impl in layout.keys_of()],
-        # per leaf of the tree: carried ("a") or static ("s"), so that a Python number of the
-        # initial state that the step turned into an array restores as that array
-        "kinds": "".join("s" if k is not None and k[0] == "static" else "a" for k in layout.kinds),
+        "kinds": kinds_of(layout),  # so that a number the step made an array restores as one
         "data_state": _data_state_or_none(data_state, path),
     }
     own = managers is None
@@ -188,10 +186,7 @@ def load(path: Path, like: Any, *, job: str) -> Checkpoint | None:
     except Exception as err:
         raise XShareError(f"job {job!r}: {where} is unreadable ({err}); delete {path / str(step)} "
                           "to resume from the step before it") from err
-    kinds = meta.get("kinds")
-    if kinds is not None and len(kinds) == len(jax.tree.leaves(like)):
-        like = promoted(like, frozenset(i for i, k in enumerate(kinds) if k == "a"))
-    ref_arrays, layout = layout_of(like)
+    ref_arrays, layout = layout_as_saved(like, meta.get("kinds"))
     _check(meta, ref_arrays, layout, job=job, where=where)
     target = _orbax_tree(layout.merge([np.asarray(a) for a in ref_arrays]))
     try:

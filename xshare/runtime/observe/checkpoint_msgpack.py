@@ -20,7 +20,7 @@ import numpy as np
 from flax import serialization
 
 from ..._errors import XShareError
-from ..compiled.leaves import layout_of, promoted
+from ..compiled.leaves import Layout, layout_of, promoted
 
 FILENAME = "checkpoint.msgpack"
 
@@ -34,6 +34,20 @@ class Checkpoint:
     data_state: Any = None          # the data iterator's get_state() at ``step`` (None: replay)
 
 
+def kinds_of(layout: Layout) -> str:
+    """Per leaf of the tree: carried ("a") or static ("s"), stored with a checkpoint so that a
+    Python number of the initial state that the step turned into an array restores as that array."""
+    return "".join("s" if k is not None and k[0] == "static" else "a" for k in layout.kinds)
+
+
+def layout_as_saved(like: Any, kinds: str | None) -> tuple[list, Layout]:
+    """``layout_of(like)``, with the leaves that ``kinds`` (:func:`kinds_of` at save time) says
+    were carried promoted to arrays; ``kinds`` None or of another tree: ``like`` as it is."""
+    if kinds is not None and len(kinds) == len(jax.tree.leaves(like)):
+        like = promoted(like, frozenset(i for i, k in enumerate(kinds) if k == "a"))
+    return layout_of(like)
+
+
 def path_for(directory: Path, job_dir: str) -> Path:
     return Path(directory) / job_dir / FILENAME
 
@@ -45,9 +59,7 @@ def save(path: Path, *, step: int, state: Any, metrics: dict[str, float] | None,
         "leaves": {str(i): np.asarray(leaf) for i, leaf in enumerate(arrays)},
         # PRNG key leaves are stored as their key data; their impls make resume exact.
         "keys": {str(i): impl for i, impl in enumerate(layout.keys_of()) if impl is not None},
-        # per leaf of the tree: carried ("a") or static ("s"), so that a Python number of the
-        # initial state that the step turned into an array restores as that array
-        "kinds": "".join("s" if k is not None and k[0] == "static" else "a" for k in layout.kinds),
+        "kinds": kinds_of(layout),
         "metrics": {k: float(v) for k, v in (metrics or {}).items()},
     }
     data = serialization.msgpack_serialize(payload)
@@ -70,10 +82,7 @@ def load(path: Path, like: Any, *, job: str) -> Checkpoint | None:
     except Exception as err:
         raise XShareError(f"job {job!r}: checkpoint {path} is unreadable ({err}); delete it to "
                           "restart the job from scratch") from err
-    kinds = payload.get("kinds")
-    if kinds is not None and len(kinds) == len(jax.tree.leaves(like)):
-        like = promoted(like, frozenset(i for i, k in enumerate(kinds) if k == "a"))
-    ref_arrays, layout = layout_of(like)
+    ref_arrays, layout = layout_as_saved(like, payload.get("kinds"))
     stored = payload.get("leaves", {})
     if len(stored) != len(ref_arrays):
         raise XShareError(f"job {job!r}: checkpoint {path} holds {len(stored)} arrays but the job's "
