@@ -164,7 +164,7 @@ def test_fused_members_share_one_vmapped_evaluation(tmp_path):
     from xshare.runtime.engine import evaluation
 
     def run(log):
-        with xshare.Runtime(policy="pack", memory="256MiB", log_dir=log, fuse=True) as rt:
+        with xshare.Runtime(policy="pack", memory="256MiB", log_dir=log, fuse="always") as rt:
             handles = rt.submit_many([spec(f"v{i}", seed=i) for i in range(3)])
             rt.wait()
         return handles

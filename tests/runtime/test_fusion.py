@@ -1,6 +1,10 @@
 """Fused sweeps: members of a vmapped group are bit-identical to the same vmapped step in a
 plain loop at the same capacity, independent of the other slots, and each stays a job
-(failure, pause/resume, cancel, checkpoint/resume leave the others' results unchanged)."""
+(failure, pause/resume, cancel, checkpoint/resume leave the others' results unchanged).
+
+These runtimes use ``fuse="always"``: they test the group machinery itself, which a measurement
+(``fuse=True``: a group dissolves where fusing does not pay on this machine) must not change
+under them; tests/runtime/test_payoff.py tests the measuring."""
 
 from __future__ import annotations
 
@@ -36,7 +40,7 @@ def vmapped_loop(specs, capacity, steps):
 
 
 def _run(specs, **kw):
-    with xshare.Runtime(policy="pack", memory="256MiB", fuse=True, **kw) as rt:
+    with xshare.Runtime(policy="pack", memory="256MiB", fuse="always", **kw) as rt:
         handles = rt.submit_many(specs)
         rt.wait()
     return handles
@@ -63,7 +67,7 @@ def test_a_member_does_not_depend_on_what_the_other_slots_hold():
 
 def test_fused_jobs_run_in_one_group_with_one_program():
     specs = _specs(4, steps=200)
-    with xshare.Runtime(policy="pack", memory="256MiB", fuse=True) as rt:
+    with xshare.Runtime(policy="pack", memory="256MiB", fuse="always") as rt:
         handles = rt.submit_many(specs)
         while any(h.progress().steps_done < 20 for h in handles):
             time.sleep(0.002)
@@ -119,7 +123,7 @@ def test_nan_in_one_member_fails_it_alone():
 
 def test_pause_resume_and_cancel_of_members_leave_the_others_unchanged():
     specs = _specs(4, steps=300)
-    with xshare.Runtime(policy="pack", memory="256MiB", fuse=True) as rt:
+    with xshare.Runtime(policy="pack", memory="256MiB", fuse="always") as rt:
         handles = rt.submit_many(specs)
         while handles[0].progress().steps_done < 30:
             time.sleep(0.001)
@@ -139,7 +143,7 @@ def test_pause_resume_and_cancel_of_members_leave_the_others_unchanged():
 
 def test_a_member_checkpointed_and_resumed_mid_run_ends_as_if_uninterrupted(tmp_path):
     specs = _specs(2, steps=200)
-    with xshare.Runtime(policy="pack", memory="256MiB", fuse=True, log_dir=tmp_path,
+    with xshare.Runtime(policy="pack", memory="256MiB", fuse="always", log_dir=tmp_path,
                         checkpoint_every=10) as rt:
         handles = rt.submit_many(specs)
         while handles[0].progress().steps_done < 50:
@@ -157,7 +161,7 @@ def test_a_member_checkpointed_and_resumed_mid_run_ends_as_if_uninterrupted(tmp_
 def test_jobs_arriving_over_time_join_a_running_group():
     first = _specs(2, steps=400)
     later = _specs(2, steps=100, names="late")
-    with xshare.Runtime(policy="pack", memory="256MiB", fuse=True) as rt:
+    with xshare.Runtime(policy="pack", memory="256MiB", fuse="always") as rt:
         handles = rt.submit_many(first)
         while handles[0].progress().steps_done < 50:
             time.sleep(0.001)
@@ -235,7 +239,7 @@ def test_an_exception_inside_the_fused_step_fails_every_member_a_paused_one_too_
     other = linreg_step.bind(linreg_state(dim=4), linreg_data(dim=4), steps=50, name="other")
     # A shallow pipeline, so the pause lands well before the raising step 12 (a group's default
     # depth, 32, could run through it before a member is seen at step 3).
-    with xshare.Runtime(policy="pack", memory="256MiB", fuse=True, dispatch_ahead=1) as rt:
+    with xshare.Runtime(policy="pack", memory="256MiB", fuse="always", dispatch_ahead=1) as rt:
         handles = rt.submit_many(specs)
         while handles[2].progress().steps_done < 3:
             time.sleep(0.001)

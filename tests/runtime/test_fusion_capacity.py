@@ -1,4 +1,4 @@
-"""Runtime(fuse=True, group_capacity=N): a fused group opens with the floor's slots, keeps them as
+"""Runtime(fuse="always", group_capacity=N): a fused group opens with the floor's slots, keeps them as
 members leave (no smaller program is compiled), a later job of its program joins it without a
 compile, and a member stays bit-identical to the plain vmapped loop at that capacity."""
 
@@ -57,7 +57,7 @@ def test_a_group_keeps_the_floors_slots_as_members_leave(floor, after):
     steps = 400
     specs = [linreg_step.bind(linreg_state(dim=dim, seed=i), _slow(dim, i, steps), steps=None, name=f"j{i}")
              for i in range(8)]
-    with xshare.Runtime(policy="pack", memory="256MiB", fuse=True, group_capacity=floor) as rt:
+    with xshare.Runtime(policy="pack", memory="256MiB", fuse="always", group_capacity=floor) as rt:
         handles = rt.submit_many(specs)
         while handles[0].progress().steps_done < 20:
             time.sleep(0.001)
@@ -82,7 +82,7 @@ def test_a_later_job_of_the_program_joins_the_floors_group_without_a_compile():
              for i in range(2)]
     # (steps_per_call=1: the group's own K-step program, compiled in the background for its
     # open-ended members, would count as a compile here; this test is about the later job's)
-    with xshare.Runtime(policy="pack", memory="256MiB", fuse=True, group_capacity=4, steps_per_call=1) as rt:
+    with xshare.Runtime(policy="pack", memory="256MiB", fuse="always", group_capacity=4, steps_per_call=1) as rt:
         handles = rt.submit_many(first)
         while handles[0].progress().steps_done < 20:
             time.sleep(0.001)
@@ -103,7 +103,7 @@ def test_a_lone_first_job_of_a_program_steps_alone_even_under_a_floor():
     # Nobody else runs its program yet: a group would be a group of one paying for empty slots.
     dim = 29
     spec = linreg_step.bind(linreg_state(dim=dim), _slow(dim, 0, 100), steps=None, name="alone")
-    with xshare.Runtime(policy="pack", memory="256MiB", fuse=True, group_capacity=8) as rt:
+    with xshare.Runtime(policy="pack", memory="256MiB", fuse="always", group_capacity=8) as rt:
         h = rt.submit(spec)
         seen = _watch(rt, [h])
         rt.wait()
@@ -115,7 +115,7 @@ def test_a_lone_first_job_of_a_program_steps_alone_even_under_a_floor():
 def test_group_capacity_must_be_a_positive_int(bad):
     with pytest.raises(ValueError, match=re.escape(f"group_capacity={bad!r} must be an int >= 1 "
                                                    "(slots per fused group), or None")):
-        xshare.Runtime(memory="256MiB", fuse=True, group_capacity=bad)
+        xshare.Runtime(memory="256MiB", fuse="always", group_capacity=bad)
 
 
 def _baked(lr: float, dim: int, seed: int, data, steps=None, name=None) -> xshare.JobSpec:
@@ -138,7 +138,7 @@ def test_a_later_job_its_familys_program_covers_is_never_lowered_alone_and_compu
     first = [_baked(lr, dim, i, _slow(dim, i, steps), name=f"a{i}") for i, lr in enumerate(lrs[:2])]
     # (steps_per_call=1: the group's own K-step program, compiled in the background for its
     # open-ended members, would count as a compile here; this test is about the later job's)
-    with xshare.Runtime(policy="pack", memory="256MiB", fuse=True, group_capacity=4, steps_per_call=1) as rt:
+    with xshare.Runtime(policy="pack", memory="256MiB", fuse="always", group_capacity=4, steps_per_call=1) as rt:
         handles = rt.submit_many(first)
         while handles[0].progress().steps_done < 20:
             time.sleep(0.001)
@@ -157,7 +157,7 @@ def test_a_later_job_its_familys_program_covers_is_never_lowered_alone_and_compu
     # assigned): in a group of the same capacity it computes the same bits.
     together = [_baked(lr, dim, i, linreg_data(dim=dim, seed=i), steps=100, name=f"b{i}")
                 for i, lr in enumerate(lrs)]
-    with xshare.Runtime(policy="pack", memory="256MiB", fuse=True, group_capacity=4) as rt:
+    with xshare.Runtime(policy="pack", memory="256MiB", fuse="always", group_capacity=4) as rt:
         again = rt.submit_many(together)
         rt.wait()
     assert_trees_equal(later.result()[0], again[2].result()[0])
@@ -172,7 +172,7 @@ def test_a_covered_job_is_posted_before_a_new_shapes_job_of_its_call_is_lowered(
     first = [_baked(lr, dim, i, _slow(dim, i, 300), name=f"a{i}") for i, lr in enumerate((0.01, 0.02))]
     # (steps_per_call=1: the group's own K-step program, compiled in the background for its
     # open-ended members, would count as a compile here; this test is about the later job's)
-    with xshare.Runtime(policy="pack", memory="256MiB", fuse=True, group_capacity=4, steps_per_call=1) as rt:
+    with xshare.Runtime(policy="pack", memory="256MiB", fuse="always", group_capacity=4, steps_per_call=1) as rt:
         handles = rt.submit_many(first)
         while handles[0].progress().steps_done < 20:
             time.sleep(0.001)

@@ -177,7 +177,7 @@ def test_a_fused_group_runs_k_steps_per_call_and_matches_the_vmapped_loop():
                 for i in range(3)]
 
     for _ in range(3):
-        with xshare.Runtime(memory="256MiB", fuse=True, steps_per_call=8) as rt:
+        with xshare.Runtime(memory="256MiB", fuse="always", steps_per_call=8) as rt:
             handles = rt.submit_many(make())
             rt.wait()
             rt._tier_pool.shutdown(wait=True)

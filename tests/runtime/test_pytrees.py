@@ -74,7 +74,7 @@ def test_keys_ints_bools_bf16_and_empty_leaves_match_jit_under_every_policy(poli
 
 def test_a_fused_group_vmaps_over_key_data_and_each_member_keeps_its_own_stream():
     specs = [mixed_step.bind(mixed_state(i), mixed_data, steps=25, name=f"f{i}") for i in range(4)]
-    with xshare.Runtime(fuse=True) as rt:
+    with xshare.Runtime(fuse="always") as rt:
         handles = rt.submit_many(specs)
         rt.wait()
         assert rt._dispatcher.fused_member_steps == 4 * 25

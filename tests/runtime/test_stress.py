@@ -53,7 +53,7 @@ def test_hundreds_of_short_jobs_with_controls_and_polling_stay_exact_and_answer_
     statuses, documents, errors, groups_seen = [], 0, [], set()
     stop = threading.Event()
 
-    with xshare.Runtime(policy="pack", fuse=True, status_port=0) as rt:
+    with xshare.Runtime(policy="pack", fuse="always", status_port=0) as rt:
         base = f"http://{rt.status_server.address}"
 
         def poll():

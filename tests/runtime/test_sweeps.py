@@ -100,7 +100,7 @@ def test_a_sweep_with_baked_hyperparameters_fuses_as_one_group_and_honours_each(
     specs = [ts_step.bind(_state(width, tx(i, lr)), _data, steps=40, name=f"{family}{i}")
              for i, lr in enumerate(lrs)]
     before = PROGRAMS.compiles
-    with xshare.Runtime(policy="pack", fuse=True) as rt:
+    with xshare.Runtime(policy="pack", fuse="always") as rt:
         plan = rt.explain(specs)
         assert plan.groups == [[s.name for s in specs]] and not plan.alone
         handles = rt.submit_many(specs)
@@ -160,7 +160,7 @@ def test_constants_inside_loops_and_cond_are_lifted(loop):
     w0 = jnp.asarray(np.random.default_rng(0).normal(size=(5, 2)), jnp.float32)
     specs = [_loop_step(lr, loop).bind({"w": w0}, data, steps=10, name=f"{loop}{i}")
              for i, lr in enumerate(lrs)]
-    with xshare.Runtime(fuse=True) as rt:
+    with xshare.Runtime(fuse="always") as rt:
         plan = rt.explain(specs)
         handles = rt.submit_many(specs)
         rt.wait()
@@ -188,7 +188,7 @@ def test_a_job_that_ran_alone_moves_into_the_group_a_later_peer_opens():
     # SGD: over 3000 steps Adam would amplify the fused reduction-order drift (docs/explanation/numerics.md)
     first = ts_step.bind(_state(width, optax.sgd(1e-2)), slow_data, steps=3000, name="first")
     later = ts_step.bind(_state(width, optax.sgd(3e-3)), _data, steps=100, name="later")
-    with xshare.Runtime(policy="pack", fuse=True) as rt:
+    with xshare.Runtime(policy="pack", fuse="always") as rt:
         a = rt.submit(first)
         while a.progress().steps_done < 20:
             time.sleep(0.001)
@@ -221,7 +221,7 @@ def test_a_constant_that_decides_a_shape_runs_alone_and_says_why():
 
     w0 = jnp.ones((6, 1), jnp.float32)
     specs = [make(k).bind({"w": w0}, data, steps=5, name=f"k{k}") for k in (2, 3)]
-    with xshare.Runtime(fuse=True) as rt:
+    with xshare.Runtime(fuse="always") as rt:
         plan = rt.explain(specs)
         handles = rt.submit_many(specs)
         rt.wait()

@@ -50,11 +50,14 @@ def test_a_study_compiles_one_group_program_per_shape(given):
 
     rt = None
     if given == "runtime":  # a runtime passed in keeps its settings: the floor is the caller's
-        rt = xshare.Runtime(memory="256MiB", fuse=True, group_capacity=CONCURRENCY)
+        rt = xshare.Runtime(memory="256MiB", fuse="always", group_capacity=CONCURRENCY)
     before = PROGRAMS.compiles
     try:
         s = xshare.tune.optimize(study(), objective, TRIALS, metric="loss", concurrency=CONCURRENCY,
-                                 runtime=rt if rt is not None else {"memory": "256MiB"})
+                                 # fuse="always": the group programs are this test's subject; with
+                                 # fuse=True each shape's solo program also compiles, once, to
+                                 # measure whether fusing pays (tests/runtime/test_payoff.py)
+                                 runtime=rt if rt is not None else {"memory": "256MiB", "fuse": "always"})
     finally:
         if rt is not None:
             rt.close()

@@ -111,7 +111,7 @@ class MultiCalls:
         """Weigh compiling the job's K-step program (tiers.py)."""
         left: int | None = 0
         for unit in self.units.running.values():
-            if getattr(unit, "program", None) is job.program and unit.group is None:
+            if not unit.is_group and unit.program is job.program and unit.group is None:
                 if unit.steps_left is None:
                     left = None
                     break
