@@ -139,7 +139,7 @@ def test_an_interrupted_study_resumes_on_sqlite_to_exactly_n_trials(tmp_path):
 
     def slow(trial):
         lr = trial.suggest_float("lr", 0.01, 0.2)
-        # Ctrl-C as the driver starts trial 5, while trials 3 and 4 run (started just before).
+        # Ctrl-C as the driver starts trial 5, while two trials run (usually 3 and 4).
         if trial.number == 5 and interrupt.pop():
             raise KeyboardInterrupt
         return make(lr, steps=400)
@@ -148,7 +148,11 @@ def test_an_interrupted_study_resumes_on_sqlite_to_exactly_n_trials(tmp_path):
         xshare.tune.optimize(study, slow, 10, metric="eval/mse", concurrency=3, runtime={"memory": "64MiB"})
     first = study_of(storage, "resume", load=True).trials
     interrupted = [t for t in first if t.state is TS.FAIL]
-    assert [t.number for t in interrupted] == [3, 4, 5] and all("interrupted" in t.user_attrs[ATTR_ERROR] for t in interrupted)
+    # Trial 5 and the two trials running beside it (which two depends on which ended first:
+    # pruning and the machine's timing decide; usually 3 and 4) are the interrupted ones.
+    assert len(interrupted) == 3 and interrupted[-1].number == 5, [t.number for t in interrupted]
+    assert all("interrupted" in t.user_attrs[ATTR_ERROR] for t in interrupted)
+    assert all(t.state in (TS.COMPLETE, TS.PRUNED) for t in first if t.number < 5 and t not in interrupted)
     assert sum(t.state is TS.WAITING for t in first) == len(interrupted)  # their params, enqueued
 
     again = study_of(storage, "resume", load=True)
