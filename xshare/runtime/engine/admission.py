@@ -178,18 +178,21 @@ class Admission:
         self.admitted(self.arena.retry())
 
     def withdraw(self, job: Any) -> None:
-        """``job`` leaves the ledger (it ends, or a paused job leaves the queue)."""
-        if job in self.swap_waiting:
-            self.swap_waiting.remove(job)
-        if job.in_ledger:
-            job.in_ledger = False
-            self.release(job.id)
+        """``job`` leaves the ledger (it ends, or moves into a group): out of the waiting list,
+        and its reservation released."""
+        self.forget(job)
+        self._leave_ledger(job)
 
     def forget(self, job: Any) -> None:
         """An ending job: never brought back from the host (its reservation is released last,
         by ``withdraw``, once its buffers are gone)."""
         if job in self.swap_waiting:
             self.swap_waiting.remove(job)
+
+    def _leave_ledger(self, job: Any) -> None:
+        if job.in_ledger:
+            job.in_ledger = False
+            self.release(job.id)
 
     # ------------------------------------------------------------------ host swap
     def swap_out(self, job: Any) -> None:
@@ -215,10 +218,9 @@ class Admission:
     def unqueue(self, job: Any) -> None:
         """A queued job is paused: it leaves the queue (resume queues it again)."""
         if job in self.swap_waiting:
-            self.swap_waiting.remove(job)
-        elif job.in_ledger:
-            job.in_ledger = False
-            self.release(job.id)
+            self.swap_waiting.remove(job)  # (a swapped job keeps its place in its lane)
+        else:
+            self._leave_ledger(job)
 
 
 def _unwired(job: Any, cause: str, err: BaseException | None) -> None:
