@@ -12,7 +12,7 @@ from .handle import JobHandle
 
 
 class Controls:
-    """``Runtime``'s job controls (a part of it, as ``Preparation`` and ``Deployments`` are)."""
+    """``Runtime``'s job controls (a part of it, as ``Deployments`` is)."""
 
     @property
     def jobs(self) -> list[JobHandle]:

@@ -33,9 +33,16 @@ DEFER = object()  # _prepare_program(lower=False): not covered, to be lowered in
 
 
 class Preparation:
-    """A part of ``Runtime``: what its compile pool threads run."""
+    """What a Runtime's compile pool threads run: from a submitted job to a ``Prepared`` event
+    posted to ``dispatcher``. Holds what they read (the runtime's settings, its device, its
+    recorder, its ``Sweeps``) and writes nothing of a job's record."""
 
-    def _prepare(self, job: JobRecord) -> None:
+    def __init__(self, *, config: Any, device: Any, recorder: Any, dispatcher: Any, sweeps: Any,
+                 fenced: bool):
+        self.config, self.device, self.recorder = config, device, recorder
+        self._dispatcher, self._sweeps, self.fenced = dispatcher, sweeps, fenced
+
+    def prepare(self, job: JobRecord) -> None:
         """On the compile pool: restore a checkpoint, peek the first batch, compile the program."""
         prepared = self._prepare_program(job)
         if prepared is not None:
@@ -66,7 +73,7 @@ class Preparation:
             else:
                 # Fused: lowered and keyed only (the group compiles its own vmapped program).
                 choice, program = None, PROGRAMS.get(spec.job, spec.state, first, device=self.device,
-                                                     fenced=self._ring is not None, compile=not self.config.fuse)
+                                                     fenced=self.fenced, compile=not self.config.fuse)
                 promote = program.promoted
             if promote:  # Python numbers the step changes are carried as arrays
                 spec = spec.replace(state=promoted(spec.state, promote))
@@ -133,11 +140,11 @@ class Preparation:
             return None
         return None if choice is None else (choice, promote)
 
-    def _prepare_fused(self, jobs: list[JobRecord]) -> None:
+    def prepare_fused(self, jobs: list[JobRecord]) -> None:
         """On the compile pool, for jobs submitted together to a fused runtime: their programs
         are chosen together (sweeps.py: a sweep that differs only in constants becomes one
         lifted program), then each group program is compiled here, off the dispatcher."""
-        fenced = self._ring is not None
+        fenced = self.fenced
         # Two passes: first every job is traced and matched to its family's program (~20 ms a
         # trial), and a covered one whose group program is compiled is posted at once; then the
         # others are lowered (~100-200 ms each). A study's refill does not wait behind the

@@ -53,7 +53,7 @@ log = logging.getLogger("xshare.runtime")
 
 
 
-class Runtime(Preparation, Deployments, Controls):
+class Runtime(Deployments, Controls):
     """Owns one device; admits, places and interleaves jobs under a scheduling policy.
 
     Args:
@@ -183,6 +183,9 @@ class Runtime(Preparation, Deployments, Controls):
             compile_estimate=lambda: max(PROGRAMS.slowest_compile_s, COLD_COMPILE_S))
         self._sweeps = Sweeps(self.device)     # fused runtimes: which program each job runs
         self._dispatcher.groups.sweeps = self._sweeps
+        # What the compile pool's threads run (prepare.py): a job to a Prepared event.
+        self._prep = Preparation(config=config, device=self.device, recorder=self.recorder,
+                                 dispatcher=self._dispatcher, sweeps=self._sweeps, fenced=self._ring is not None)
         self._pool = ThreadPoolExecutor(max_workers=compile_workers, thread_name_prefix="xshare-compile")
         # K-step programs (tiers.py) compile on a thread of their own: a job's first program
         # never queues behind another job's promotion, and close() need not wait for them.
@@ -276,10 +279,10 @@ class Runtime(Preparation, Deployments, Controls):
             for job in jobs:
                 by_code.setdefault(_step_code(job.spec), []).append(job)
             for group in by_code.values():
-                self._pool.submit(self._prepare_fused, group)
+                self._pool.submit(self._prep.prepare_fused, group)
         else:
             for job in jobs:
-                self._pool.submit(self._prepare, job)
+                self._pool.submit(self._prep.prepare, job)
         return [self._handles[job.id] for job in jobs]
 
     def explain(self, specs: Iterable[JobSpec]) -> Any:
