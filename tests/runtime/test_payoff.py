@@ -109,6 +109,9 @@ def test_a_group_measured_to_lose_dissolves_and_its_members_finish_alone_without
     # the fused call timed first, then the solo one.
     times = iter([2000e-6, 50e-6])  # (plus the per-call host cost on each side: still a loss)
     monkeypatch.setattr(fusecheck, "_fastest", lambda call, arrays: next(times))
+    # ... and so is whether it is worth measuring (these 200 steps are far shorter than the
+    # solo compile: test_a_short_group_is_not_measured checks that rule)
+    monkeypatch.setattr(fusecheck, "MEASURE_AFTER", 0.0)
     steps = 200
     specs = []
     for i in range(4):  # batches that take 1 ms to make: the solo program's background compile
@@ -118,6 +121,11 @@ def test_a_group_measured_to_lose_dissolves_and_its_members_finish_alone_without
             time.sleep(0.001)
             return data(step)
         specs.append(linreg_step.bind(linreg_state(seed=i), slow, steps=steps, name=f"j{i}"))
+    for fenced in (False, True):  # the solo program compiled already (the process-wide cache),
+        # so the background compile the measurement waits for returns at once, however loaded
+        # the machine: the dissolve lands early in the group's 200 steps
+        PROGRAMS.get(specs[0].job, specs[0].state, specs[0].data(0), device=jax.devices()[0],
+                     fenced=fenced).ensure()
     with xshare.Runtime(policy="pack", memory="256MiB", fuse=True, log_dir=tmp_path) as rt:
         handles = rt.submit_many(specs)
         rt.wait()
@@ -137,3 +145,17 @@ def test_a_group_measured_to_lose_dissolves_and_its_members_finish_alone_without
         ref, _ = plain_loop(spec)
         for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(ref)):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
+def test_a_short_group_is_not_measured_a_long_or_open_ended_one_is():
+    from types import SimpleNamespace
+
+    d = SimpleNamespace(tiers=SimpleNamespace(compile_estimate=lambda: 0.5),
+                        timeline=SimpleNamespace(flops_per_s=None))
+
+    def group(left, step_s):
+        return SimpleNamespace(steps_left=left, step_time_s=step_s, step_estimate_s=lambda flops: step_s)
+
+    assert not fusecheck._worth(d, group(392, 0.8e-3))   # the hook's 8 x 400: ~0.3 s left
+    assert fusecheck._worth(d, group(2992, 0.8e-3))      # 8 x 3000: ~2.4 s left
+    assert fusecheck._worth(d, group(None, 1e-6))        # runs until its data ends

@@ -1,7 +1,7 @@
 """Measuring whether a fused group pays, and dissolving one that does not.
 
 A group opened without a verdict for its program (``compiled/payoff.py``) is measured once it has
-run ``WARM_STEPS`` steps: its members' solo program compiles in the background (the tier thread),
+run ``WARM_STEPS`` steps, if it has enough steps left for the measurement to matter: its members' solo program compiles in the background (the tier thread),
 then, at a step boundary, the dispatcher times the fused program on a copy of the group's stack
 and the solo program on a copy of one member's state, the same way (warm calls on zero batches,
 the fastest of ``CALLS``, plus the runtime's measured per-call host cost on each side). A group
@@ -29,6 +29,7 @@ from .group import Group
 WARM_STEPS = 8   # group steps before it is measured (its first steps carry one-time costs)
 CALLS = 3        # timed calls each way; the fastest counts (the least disturbed by other threads)
 SETTLED = True   # Group.payoff once measured (or known): nothing more to do
+MEASURE_AFTER = 2.0  # measure only a group with this many solo compiles' worth of steps left
 
 
 def tend(d: Any, group: Group) -> bool:
@@ -39,7 +40,7 @@ def tend(d: Any, group: Group) -> bool:
         if group.steps_run < WARM_STEPS:
             return False
         if (not d.config.fuse_measured or d.background is None
-                or FUSION.get(group.program.key, group.capacity) is not None):
+                or FUSION.get(group.program.key, group.capacity) is not None or not _worth(d, group)):
             group.payoff = SETTLED
             return False
         # The solo program (not compiled when every job of the program fused) compiles on the
@@ -53,6 +54,18 @@ def tend(d: Any, group: Group) -> bool:
     if verdict is None or not verdict.loses(len(group.stepping()) or len(group.members)):
         return False
     return dissolve(d, group, verdict)
+
+
+def _worth(d: Any, group: Group) -> bool:
+    """Whether measuring can pay: the group has at least ``MEASURE_AFTER`` times the solo
+    program's compile left to run (an open-ended group always has). On this 2-core machine the
+    compile competes with the group for the cores, so a short group (the hook's 8 x 400 steps:
+    ~0.3 s left) is left fused, unmeasured; the verdict comes from a longer run of the program."""
+    left = group.steps_left
+    if left is None:
+        return True
+    step_s = group.step_time_s if group.step_time_s is not None else group.step_estimate_s(d.timeline.flops_per_s)
+    return left * step_s >= MEASURE_AFTER * d.tiers.compile_estimate()
 
 
 def measure(d: Any, group: Group, solo: Future) -> FusionVerdict | None:

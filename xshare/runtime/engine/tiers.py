@@ -79,6 +79,10 @@ class Tiers:
         self.enabled = max_k > 1 and submit is not None
         self._compile_estimate = compile_estimate   # mean seconds of this process's compiles
 
+    def compile_estimate(self) -> float:
+        """What a program not in any cache is expected to cost to compile (seconds)."""
+        return self._compile_estimate() or 0.0
+
     def tier(self, unit: Any) -> JobTier:
         tier = unit.tier
         if tier is None:
