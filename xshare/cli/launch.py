@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from xshare._errors import error_line
+from xshare.cli.launch_plan import plan as _plan, print_fusion as _print_fusion  # the dry run
+from xshare.cli.launch_summary import summary as _summary  # the closing table
 from xshare.cli.rundir import (  # EXIT_* are launch's public exit codes too
     EXIT_INTERRUPTED, EXIT_JOB_FAILED, EXIT_OK, EXIT_USAGE, check_out as _check_out,
     check_ports as _check_ports, cwd_on_path as _cwd_on_path, make_run_dir as _make_run_dir,
@@ -141,24 +142,6 @@ def _launch(args: argparse.Namespace) -> int:
     return code
 
 
-def _print_fusion(jobs: list[Any], out: Any) -> None:
-    """The fused groups the run would form, and why each other job would run alone (lowers
-    every job's step: this imports jax, which a plain dry run does not)."""
-    import jax
-
-    from xshare.runtime.compiled.sweeps import explain
-    from xshare.runtime.setup import fences_wanted
-
-    device = jax.devices()[0]  # (keyed as the launch's runtime keys them: its measured verdicts)
-    report = explain(jobs, device, fenced=fences_wanted(None, device))
-    for i, names in enumerate(report.groups):
-        out.print(f"fused group {i}: {len(names)} jobs: {', '.join(names)}", markup=False, highlight=False)
-    for name, why in report.alone.items():
-        out.print(f"{name} runs alone: {why}", markup=False, highlight=False)
-    if not report.groups:
-        out.print("no jobs fuse", markup=False, highlight=False)
-
-
 def _resume(args: argparse.Namespace, out: Any) -> int:
     from xshare._errors import SpecError
     from xshare import jobs as specs
@@ -177,24 +160,6 @@ def _resume(args: argparse.Namespace, out: Any) -> int:
         return _usage_error(f"--resume {args.resume}: a job in {record} {what}; it is not a spec.json "
                             "as xshare launch writes it: restore that field or start a new launch")
     return _run(plan, jobs, run_dir, out, args, resume=True)
-
-
-def _plan(args: argparse.Namespace, specs: Any) -> Any:
-    over = specs.Overrides(
-        policy=args.policy,
-        memory=args.memory,
-        quantum=args.quantum,
-        fuse=True if args.fuse else None,
-        steps=args.steps,
-        replicas=args.replicas,
-        sets=dict(specs.parse_set(item) for item in args.sets),
-    )
-    target = args.target
-    if target.endswith(".toml") or Path(target).is_file():
-        return specs.plan_file(target, over)
-    if ":" in target:
-        return specs.plan_entry(target, over)
-    raise specs.SpecError(f"{target!r} is neither a spec file (SPEC.toml) nor an entry point (module:function)")
 
 
 def _run(plan: Any, jobs: list[Any], run_dir: Path, out: Any, args: argparse.Namespace,
@@ -376,51 +341,3 @@ def _cancel(handles: list[Any]) -> None:
                 cancel()
             except Exception:  # noqa: BLE001 - already finished, or the runtime is going down: nothing to undo
                 pass
-
-
-def _first_metrics(path: Path) -> dict[str, Any] | None:
-    """The first line of a job's metrics.jsonl (the runtime writes one line per step)."""
-    try:
-        with path.open() as f:
-            line = f.readline()
-        return json.loads(line) if line.strip() else None
-    except (OSError, ValueError):
-        return None
-
-
-def _summary(handle: Any, run_dir: Path, first_seen: dict[str, dict[str, float]]) -> Any:
-    from xshare._errors import JobFailed
-    from xshare.cli import render
-
-    p = handle.progress()
-    error = p.error
-    if p.status == "failed" and not error:
-        try:
-            handle.result()
-        except JobFailed as err:
-            error = err.cause
-        except Exception as err:  # noqa: BLE001 - whatever it was, the table shows it as the job's error
-            error = f"{type(err).__name__}: {err}"
-    if error:
-        # The cause, not the traceback (that is in log.txt), on one line.
-        error = error_line(error)
-    first = _first_metrics(run_dir / p.name / "metrics.jsonl") or first_seen.get(p.name)
-    final = render.pick_loss(p.metrics)
-    first_loss = render.pick_loss(first)
-    metric = final[0] if final else (first_loss[0] if first_loss else None)
-    first_value = (first or {}).get(metric) if metric else None
-    steps_per_s = p.steps_per_s
-    if steps_per_s is None and p.wall_s:
-        steps_per_s = p.steps_done / p.wall_s
-    return render.JobSummary(
-        name=p.name,
-        status=p.status,
-        steps_done=p.steps_done,
-        steps_total=p.steps_total,
-        metric=metric,
-        first=first_value,
-        final=final[1] if final else None,
-        steps_per_s=steps_per_s,
-        wall_s=p.wall_s,
-        error=error,
-    )
