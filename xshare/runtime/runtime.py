@@ -67,12 +67,10 @@ class Runtime(Deployments, Controls):
         When the pipeline is full its older half is retired (metrics read, steps counted) with
         one wait: results and failures (a NaN under ``nan_policy="fail"``) are seen up to this
         many steps late, and a newly urgent job waits behind up to this many steps. Default
-        (None): 1 under the preemptive policies (srtf, priority), so an urgent job's first
-        step begins within a step of its admission (measured on CPU, 0.4 ms steps: 0.48 steps
-        at the median with 1, 1.06-2.07 with 2; throughput 0-5% lower than with 2); 8 otherwise, where fewer waits buy throughput (measured on CPU, fifo
-        over 8 small MLPs: 0.74x -> 0.86x of a plain loop's steady rate), and behind a
-        fusion group's step up to 32 (while their stacked batches stay under 64 MiB): a group
-        step makes N members' batches, so its host hiccups are N times larger.
+        (None): 1 under the preemptive policies (srtf, priority), so an urgent job's first step
+        begins within a step of its admission; 8 otherwise, where fewer waits buy throughput,
+        and up to 32 behind a fused group's step (docs/explanation/architecture.md, "Steps in
+        flight", has the measurements).
       fences: compile FFI step fences into every job (default: on unless ``XSHARE_FFI=0``, and
         only once they passed the fence canary on this machine: ``xshare.ffi.canary``, checked
         in a child process and cached; a failed canary means no fences and one warning).
@@ -192,14 +190,9 @@ class Runtime(Deployments, Controls):
         self._tier_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="xshare-tiers")
         self.status_server = self.grpc_server = None
         if status_port is not None or grpc_port is not None:
-            from .web.grpc_server import GrpcServer
-            from .web.server import StatusServer
+            from .web.server import start_servers
             try:
-                if status_port is not None:
-                    self.status_server = StatusServer(self, host=status_host, port=status_port)
-                    self.status_server.start()
-                if grpc_port is not None:
-                    self.grpc_server = GrpcServer(self, host=status_host, port=grpc_port).start()
+                start_servers(self, status_host, status_port, grpc_port)
             except BaseException:
                 self.close()
                 raise

@@ -222,6 +222,18 @@ class StatusServer:
         return f"StatusServer({self.address}, running={self.running})"
 
 
+def start_servers(rt: Any, host: str, status_port: int | None, grpc_port: int | None) -> None:
+    """``rt``'s HTTP server (``status_port``) and gRPC server (``grpc_port``), each if asked,
+    set on ``rt.status_server`` / ``rt.grpc_server`` as each starts (so ``rt.close()`` stops
+    whichever started if the other fails)."""
+    if status_port is not None:
+        rt.status_server = StatusServer(rt, host=host, port=status_port)
+        rt.status_server.start()
+    if grpc_port is not None:
+        from .grpc_server import GrpcServer
+        rt.grpc_server = GrpcServer(rt, host=host, port=grpc_port).start()
+
+
 def _header_timeout_protocol() -> type:
     """uvicorn's h11 protocol, plus a deadline for the first request head: uvicorn times out idle
     keep-alive connections but not a client that opens one and trickles (or never sends) its
