@@ -154,7 +154,7 @@ def test_a_short_group_is_not_measured_a_long_or_open_ended_one_is():
                         timeline=SimpleNamespace(flops_per_s=None))
 
     def group(left, step_s):
-        return SimpleNamespace(steps_left=left, step_time_s=step_s, step_estimate_s=lambda flops: step_s)
+        return SimpleNamespace(steps_left=left, step_time_s=step_s)
 
     assert not fusecheck._worth(d, group(392, 0.8e-3))   # the hook's 8 x 400: ~0.3 s left
     assert fusecheck._worth(d, group(2992, 0.8e-3))      # 8 x 3000: ~2.4 s left

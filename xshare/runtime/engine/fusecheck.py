@@ -40,7 +40,12 @@ def tend(d: Any, group: Group) -> bool:
         if group.steps_run < WARM_STEPS:
             return False
         if (not d.config.fuse_measured or d.background is None
-                or FUSION.get(group.program.key, group.capacity) is not None or not _worth(d, group)):
+                or FUSION.get(group.program.key, group.capacity) is not None):
+            group.payoff = SETTLED
+            return False
+        if group.step_time_s is None:
+            return False  # its step time is not measured yet (the fence timeline drains ~5x a second)
+        if not _worth(d, group):
             group.payoff = SETTLED
             return False
         # The solo program (not compiled when every job of the program fused) compiles on the
@@ -64,8 +69,7 @@ def _worth(d: Any, group: Group) -> bool:
     left = group.steps_left
     if left is None:
         return True
-    step_s = group.step_time_s if group.step_time_s is not None else group.step_estimate_s(d.timeline.flops_per_s)
-    return left * step_s >= MEASURE_AFTER * d.tiers.compile_estimate()
+    return left * group.step_time_s >= MEASURE_AFTER * d.tiers.compile_estimate()
 
 
 def measure(d: Any, group: Group, solo: Future) -> FusionVerdict | None:
