@@ -66,10 +66,10 @@ def _worth(d: Any, group: Group) -> bool:
     program's compile left to run (an open-ended group always has). On this 2-core machine the
     compile competes with the group for the cores, so a short group (the hook's 8 x 400 steps:
     ~0.3 s left) is left fused, unmeasured; the verdict comes from a longer run of the program."""
-    left = group.steps_left
+    left, step_s = group.steps_left, group.step_time_s
     if left is None:
         return True
-    return left * group.step_time_s >= MEASURE_AFTER * d.tiers.compile_estimate()
+    return step_s is not None and left * step_s >= MEASURE_AFTER * d.tiers.compile_estimate()
 
 
 def measure(d: Any, group: Group, solo: Future) -> FusionVerdict | None:
