@@ -4,7 +4,7 @@ A group opened without a verdict for its program (``compiled/payoff.py``) is mea
 run ``WARM_STEPS`` steps, if it has enough steps left for the measurement to matter: its members' solo program compiles in the background (the tier thread),
 then, at a step boundary, the dispatcher times the fused program on a copy of the group's stack
 and the solo program on a copy of one member's state, the same way (warm calls on zero batches,
-the fastest of ``CALLS``, plus the runtime's measured per-call host cost on each side). A group
+the fastest of ``CALLS``, plus the measured cost of one executable call on each side). A group
 whose step costs each member more than a solo step would dissolves there: each member moves to
 a lane of its own with its state and steps alone from its next step (same steps, same batches:
 its results do not change), provided the arena has room for all of them now; otherwise they stay
@@ -22,7 +22,7 @@ import jax
 import numpy as np
 
 from ..compiled import fusion
-from ..compiled.multistep import CALL_S
+from ..compiled.multistep import VERDICTS
 from ..compiled.payoff import FUSION, FusionVerdict
 from .group import Group
 
@@ -44,7 +44,9 @@ def tend(d: Any, group: Group) -> bool:
             group.payoff = SETTLED
             return False
         if group.step_time_s is None:
-            return False  # its step time is not measured yet (the fence timeline drains ~5x a second)
+            d.timeline.drain()  # its steps' fence times (the recorder drains them only ~5x a second)
+            if group.step_time_s is None:
+                return False  # not measured yet: its steps are still in flight
         if not _worth(d, group):
             group.payoff = SETTLED
             return False
@@ -92,7 +94,10 @@ def measure(d: Any, group: Group, solo: Future) -> FusionVerdict | None:
         [x.copy() for x in group.arrays])
     solo_s = _fastest(lambda copy: d._call(group.program.executable, copy, [z.copy() for z in group.zero_batch],
                                            scratch), list(fusion.take(group.fused, group.arrays, slot)))
-    call = d.timeline.host_gap_s if d.timeline.host_gap_s is not None else CALL_S
+    # What one executable call costs beyond its work (the K-step checks measure it; CALL_S
+    # before any): a fused call pays it once for all its members. Not the timeline's host gap,
+    # which also holds the time the device waited for data.
+    call = VERDICTS.typical_call_s()
     verdict = FusionVerdict(capacity, solo_s + call, fused_s + call)
     FUSION.put(group.program.key, verdict)
     members = len(group.members)
