@@ -58,7 +58,8 @@ def _check_final_states(run: Path):
 
 
 @pytest.mark.parametrize("sig, code", [
-    (signal.SIGKILL, -9),
+    # (the default run's SIGKILL-and-resume is tests/reliability/test_launch_signals.py's)
+    pytest.param(signal.SIGKILL, -9, marks=pytest.mark.slow),
     pytest.param(signal.SIGINT, 130, marks=pytest.mark.slow),
 ])
 def test_interrupted_launch_resumes_to_the_uninterrupted_state(tmp_path, sig, code):

@@ -79,6 +79,7 @@ def test_cuda_build(tmp_path):
     assert "cudaLaunchHostFunc" not in undefined
 
 
+@pytest.mark.slow  # (the default run builds the CUDA variant with the host compiler: test_cuda_build)
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 def test_cuda_fences_compile_with_nvcc(tmp_path):
     # nvcc's own front end (-x cu), not only the host compiler: the CUDA variant must keep

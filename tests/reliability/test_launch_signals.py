@@ -117,6 +117,7 @@ def test_sigint_before_the_runtime_exists_exits_130_without_traceback(work, dela
         _resume_and_check(work)
 
 
+@pytest.mark.slow  # (the default run keeps SIGINT before the runtime and SIGTERM mid-run)
 def test_double_sigint_mid_run_with_checkpoint_every_0_checkpoints_on_exit(work):
     rng = random.Random(1)
     proc = _start(work, "--checkpoint-every", "0")

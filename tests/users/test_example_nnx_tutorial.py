@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import pytest
 from flax import nnx
 
 import xshare
@@ -25,6 +26,7 @@ def load_example():
     return module
 
 
+@pytest.mark.slow  # (~14 s; the default run's example is tests/models/test_examples.py)
 def test_the_example_trains_and_matches_the_tutorials_loop(capsys):
     tutorial = load_example()
     rows = tutorial.main(steps=STEPS, lrs=(0.005, 0.002))
