@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import jax
 import numpy as np
+import pytest
 import jax.numpy as jnp
 
 import xshare
@@ -109,3 +110,38 @@ def test_steps_that_differ_only_in_their_host_callback_never_share_a_program():
     compiles, handles = _run(specs, policy="pack")
     assert compiles == 2
     assert [h.result()[1]["extra"] for h in handles] == [1.0, 2.0]
+
+
+@pytest.mark.parametrize("options", [{"policy": "pack", "steps_per_call": 8}, {"policy": "pack", "fuse": "always"}],
+                         ids=["solo", "fused"])
+def test_the_users_step_is_traced_twice_for_a_sweep_whatever_is_built_on_it(options):
+    # flax's TrainState carries ``step`` as a Python int that apply_gradients increments: the
+    # first trace learns it must be an array (as jax.jit would carry it), the second traces
+    # with it. Nothing after that runs the user's Python again: not the later jobs of the
+    # sweep, not the fenced program, not the K-step scans the jobs are promoted to, not a
+    # fused group's vmap (they replay the jaxpr).
+    traces = []
+
+    def step(state, batch):
+        traces.append(type(state["n"]).__name__)
+        w = state["w"] - 0.01 * jax.grad(lambda w: jnp.mean((batch["x"] @ w - batch["y"]) ** 2))(state["w"])
+        return {"w": w, "n": state["n"] + 1}, {"n": state["n"]}
+
+    job = xshare.job(step, name="counted")
+    specs = [job.bind({"w": linreg_state(dim=4, seed=i)["w"], "n": 0}, linreg_data(dim=4, seed=i),
+                      steps=400, name=f"c{i}") for i in range(5)]
+    with xshare.Runtime(memory="256MiB", **options) as rt:
+        handles = rt.submit_many(specs)
+        rt.wait()
+        snap = rt.snapshot()
+    assert traces == ["int", "DynamicJaxprTracer"], traces
+    if "fuse" in options:
+        assert snap["runtime"]["fused_member_steps"] == 5 * 400, snap["runtime"]
+    else:  # (the K-step programs were built: the replays were exercised)
+        assert all(int(k) > 1 for j in snap["jobs"] for k in j["steps_per_call"] if k != "1"), snap["jobs"]
+        assert any(len(j["steps_per_call"]) > 1 for j in snap["jobs"]), [j["steps_per_call"] for j in snap["jobs"]]
+    for spec, h in zip(specs, handles):
+        final = h.result()[0]
+        ref = plain_loop(spec)[0]
+        assert int(final["n"]) == int(ref["n"]) == 400
+        assert_trees_equal(final["w"], ref["w"])

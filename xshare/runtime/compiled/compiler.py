@@ -33,7 +33,7 @@ from ...memory.footprint import Footprint
 from .leaves import Promote, layout_of
 from .program import (  # noqa: F401 - re-exported: the compiler's public names
     ASSUMED_FLOPS_PER_S, DONATE, CompiledStep, _avals, _flops, abstract, flat_step, has_host_callback,
-    lower_unfenced, program_key, trace_unfenced, tree_nbytes)
+    lower_unfenced, program_key, replay, trace_unfenced, tree_nbytes)
 
 
 class ProgramCache:
@@ -109,6 +109,12 @@ class ProgramCache:
         try:
             result = self._lower_and_compile(job, state_struct, batch_struct, state_layout,
                                              batch_layout, device, fenced, promote)
+        except Promote as more:
+            # Kept: the trace is decided by the memo key, so every later job of the step would
+            # trace only to learn the same thing (a TrainState's ``step`` int: one wasted trace,
+            # tens of ms, per job of a sweep). Its waiters and successors re-raise it at once.
+            fut.set_exception(more)
+            raise
         except BaseException as err:
             with self._lock:
                 del table[memo_key]  # a failed trace is not cached: the next job retries
@@ -130,6 +136,10 @@ class ProgramCache:
         fut, owner = self._claim(self._programs, key)
         if not owner:
             return fut.result()
+
+        # Every program built on this one from here (fenced, K-step, fused) replays its jaxpr
+        # rather than tracing the user's step again.
+        flat = replay(jaxpr, len(state_struct))
 
         def lower() -> Any:
             if not fenced:

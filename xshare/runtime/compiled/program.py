@@ -173,6 +173,23 @@ def lower_unfenced(flat: Callable, state_struct: list, batch_struct: list) -> tu
         return traced.jaxpr, traced.lower()
 
 
+def replay(closed: Any, n_state: int) -> Callable:
+    """The step over flat leaves as ``closed`` (its jaxpr, from ``lower_unfenced``) computes it,
+    for the programs built on a step after its first trace: the fenced program, its K-step
+    scans, a fused group's vmap. Each would otherwise run the user's Python again (Flax modules,
+    optax chains: tens of ms per trace, on the compile thread before the first step). The same
+    primitives bind with the same parameters, so the programs are the ones a trace would give."""
+    from jax.extend.core import jaxpr_as_fun
+
+    fun = jaxpr_as_fun(closed)
+
+    def step(state_arrays: list, batch_arrays: list) -> tuple[list, Any]:
+        outs = fun(*state_arrays, *batch_arrays)
+        return list(outs[:n_state]), outs[n_state]
+
+    return step
+
+
 # Both donated, whatever the user's ``donate``: the runtime owns its own copy of the state and
 # every batch it prefetched, and donating the batch makes the begin fence's aliasing zero-copy.
 DONATE = (0, 1)
