@@ -24,8 +24,7 @@ PAYS = FusionVerdict(capacity=4, solo_step_s=100e-6, fused_step_s=120e-6)   # 30
 def verdicts(monkeypatch):
     """The process-wide verdicts, empty and in memory for one test: a Runtime's compilation cache
     does not attach them to the session's file (a verdict forced here must not reach other tests)."""
-    monkeypatch.setattr(FUSION, "_by", {})
-    monkeypatch.setattr(FUSION, "_path", None)
+    monkeypatch.setattr(FUSION, "_table", FusionVerdicts()._table)  # a fresh table, in memory only
     monkeypatch.setattr(FUSION, "persist", lambda directory: None)
     return FUSION
 

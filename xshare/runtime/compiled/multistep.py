@@ -14,13 +14,9 @@ the single step's program key, K and the form, like every other program.
 
 from __future__ import annotations
 
-import json
-import os
-import threading
 import time
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
 
 import jax
@@ -29,6 +25,7 @@ import numpy as np
 from ... import ffi
 from ...memory.footprint import Footprint, footprint_from_analysis
 from .compiler import PROGRAMS, CompiledStep, tree_nbytes
+from .verdict_store import JsonTable
 
 
 @dataclass(frozen=True)
@@ -180,81 +177,50 @@ class Verdicts:
     and which did not (it does not compile them again)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._by: dict[tuple[str, Form], Verdict] = {}
-        self._path: Path | None = None
+        self._table: JsonTable[tuple[str, Form], Verdict] = JsonTable(FILE, _decode, _encode)
 
     def persist(self, directory: str | None) -> None:
         """Read and from now on write the verdicts in ``directory`` (None: in memory only)."""
-        if directory is None:
-            return
-        path = Path(directory) / "verdicts.json"
-        with self._lock:
-            if self._path == path:
-                return
-            self._path = path
-            for (key, form), verdict in _read(path).items():
-                self._by.setdefault((key, form), verdict)
+        self._table.persist(directory)
 
     def get(self, program_key: str, form: Form) -> Verdict | None:
-        with self._lock:
-            return self._by.get((program_key, form))
+        return self._table.get((program_key, form))
 
     def put(self, program_key: str, verdict: Verdict) -> None:
-        with self._lock:
-            self._by[(program_key, verdict.form)] = verdict
-            path = self._path
-        if path is not None:
-            _write(path, program_key, verdict)
+        self._table.put((program_key, verdict.form), verdict)
 
     def of(self, program_key: str) -> list[Verdict]:
-        with self._lock:
-            return [v for (key, _), v in self._by.items() if key == program_key]
+        return [v for (key, _), v in self._table.items() if key == program_key]
 
     def clear(self) -> None:
-        with self._lock:
-            self._by.clear()
+        self._table.clear()
 
     def typical_call_s(self) -> float:
         """What one executable call costs beyond its steps' work, as the forms kept so far
         measured it (any program, this process or earlier ones: ``persist``): the median of
         (one-step cost - K-step cost per step) / (1 - 1/K); ``CALL_S`` before any. A promotion
         expects to save this much per step, times (1 - 1/K), before its own program is measured."""
-        with self._lock:
-            calls = sorted((v.single_step_s - v.multi_step_s) / (1 - 1 / v.form.k)
-                           for v in self._by.values() if v.kept and v.form.k > 1)
+        calls = sorted((v.single_step_s - v.multi_step_s) / (1 - 1 / v.form.k)
+                       for v in self._table.values() if v.kept and v.form.k > 1)
         return calls[len(calls) // 2] if calls else CALL_S
 
 
-VERDICTS = Verdicts()
+FILE = "verdicts.json"
 
 
-def _read(path: Path) -> dict:
-    try:
-        rows = json.loads(path.read_text())
-        return {(r["program"], Form(int(r["k"]), bool(r["unroll"]))):
-                Verdict(Form(int(r["k"]), bool(r["unroll"])), bool(r["exact"]), float(r["single_step_s"]),
-                        float(r["multi_step_s"]), str(r.get("why", "")))
-                for r in rows}
-    except (OSError, ValueError, KeyError, TypeError):
-        return {}  # none yet, or unreadable: the checks run again (they are only a cost)
+def _decode(r: dict[str, Any]) -> tuple[tuple[str, Form], Verdict]:
+    """One row of ``verdicts.json``: the program key, the form and what its check found."""
+    form = Form(int(r["k"]), bool(r["unroll"]))
+    return (str(r["program"]), form), Verdict(form, bool(r["exact"]), float(r["single_step_s"]),
+                                              float(r["multi_step_s"]), str(r.get("why", "")))
 
 
-def _write(path: Path, program_key: str, verdict: Verdict) -> None:
-    """Merge one verdict into the file (read, add, write a temporary, rename: another process
-    writing at the same time may lose one row, which only means that check runs again)."""
-    rows = {(k, f): v for (k, f), v in _read(path).items()}
-    rows[(program_key, verdict.form)] = verdict
-    out = [{"program": k, "k": f.k, "unroll": f.unroll, "exact": v.exact,
+def _encode(key: tuple[str, Form], v: Verdict) -> dict[str, Any]:
+    return {"program": key[0], "k": v.form.k, "unroll": v.form.unroll, "exact": v.exact,
             "single_step_s": v.single_step_s, "multi_step_s": v.multi_step_s, "why": v.why}
-           for (k, f), v in rows.items()]
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
-        tmp.write_text(json.dumps(out))
-        os.replace(tmp, path)
-    except OSError:
-        pass  # a read-only cache: verdicts stay in this process
+
+
+VERDICTS = Verdicts()
 
 
 def first_difference(a: list, b: list, what: str) -> str | None:

@@ -15,13 +15,11 @@ K-step verdicts are (``multistep.Verdicts``): a relaunch knows without measuring
 
 from __future__ import annotations
 
-import json
-import os
-import threading
 from dataclasses import asdict, dataclass
-from pathlib import Path
+from typing import Any
 
 from ...sched.steps import fusion_pays
+from .verdict_store import JsonTable
 
 FILE = "fusion-verdicts.json"
 MARGIN = 1.1   # a running group dissolves only if fused costs its members 10% more than alone
@@ -61,43 +59,19 @@ class FusionVerdicts:
     """(program key, capacity) -> FusionVerdict; read from and written to ``persist``'s directory."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._by: dict[tuple[str, int], FusionVerdict] = {}
-        self._path: Path | None = None
+        self._table: JsonTable[tuple[str, int], FusionVerdict] = JsonTable(FILE, _decode, _encode)
 
     def persist(self, directory: str | None) -> None:
-        if directory is None:
-            return
-        path = Path(directory) / FILE
-        with self._lock:
-            if self._path == path:
-                return
-            self._path = path
-            for key, verdict in _read(path).items():
-                self._by.setdefault(key, verdict)
+        self._table.persist(directory)
 
     def get(self, program_key: str, capacity: int) -> FusionVerdict | None:
-        with self._lock:
-            return self._by.get((program_key, capacity))
+        return self._table.get((program_key, capacity))
 
     def put(self, program_key: str, verdict: FusionVerdict) -> None:
-        with self._lock:
-            self._by[(program_key, verdict.capacity)] = verdict
-            path = self._path
-        if path is not None:
-            rows = _read(path)
-            rows[(program_key, verdict.capacity)] = verdict
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
-                tmp.write_text(json.dumps([{"program": k, **asdict(v)} for (k, _), v in rows.items()]))
-                os.replace(tmp, path)
-            except OSError:
-                pass  # a read-only cache: the verdict stays in this process
+        self._table.put((program_key, verdict.capacity), verdict)
 
     def clear(self) -> None:
-        with self._lock:
-            self._by.clear()
+        self._table.clear()
 
     def weigh(self, program_key: str, capacity: int, members: int, member_steps_left: int | None,
               compile_s: float) -> str | None:
@@ -118,13 +92,14 @@ class FusionVerdicts:
         return None
 
 
+def _decode(r: dict[str, Any]) -> tuple[tuple[str, int], FusionVerdict]:
+    """One row of ``fusion-verdicts.json``: the program key and the verdict's fields."""
+    verdict = FusionVerdict(int(r["capacity"]), float(r["solo_step_s"]), float(r["fused_step_s"]))
+    return (str(r["program"]), verdict.capacity), verdict
+
+
+def _encode(key: tuple[str, int], verdict: FusionVerdict) -> dict[str, Any]:
+    return {"program": key[0], **asdict(verdict)}
+
+
 FUSION = FusionVerdicts()
-
-
-def _read(path: Path) -> dict[tuple[str, int], FusionVerdict]:
-    try:
-        return {(r["program"], int(r["capacity"])): FusionVerdict(int(r["capacity"]), float(r["solo_step_s"]),
-                                                                  float(r["fused_step_s"]))
-                for r in json.loads(path.read_text())}
-    except (OSError, ValueError, KeyError, TypeError):
-        return {}  # none yet, or unreadable: groups are measured again (only a cost)
