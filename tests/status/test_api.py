@@ -71,6 +71,22 @@ def test_status_follows_the_schema_and_names_every_job(runtime_dir):
         assert {j["priority"] for j in s["jobs"]} == {0, 1, 2}
 
 
+def test_inspect_reads_one_instant_on_the_dispatcher_thread():
+    """``rt.inspect`` (what ``snapshot()`` is built from) hands its function a frozen view, on
+    the dispatcher thread, and returns what the function returns."""
+    import dataclasses
+    import threading
+
+    with serving(("a", "b"), steps=50) as rt:
+        seen = rt.inspect(lambda v: (threading.current_thread().name, [j.name for j in v.jobs], v.closed,
+                                     v.policy, v.arena is rt.arena))
+        view = rt.inspect(lambda v: v)
+    assert seen[0] != threading.current_thread().name
+    assert seen[1:] == (["a", "b"], False, "fair", True)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        view.closed = True  # type: ignore[misc]
+
+
 def test_the_schema_rejects_what_it_forbids():
     # The tests lean on the schema; make sure it is not a yes-man (jsonschema does the checking).
     doc = _document()

@@ -23,7 +23,7 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence, TypeVar
 
 import jax
 
@@ -48,8 +48,10 @@ from .compiled.sweeps import Sweeps
 from .engine.states import Event
 from .observe.timing import Timeline
 from .setup import compilation_cache_dir, fences_wanted
+from .view import RuntimeView
 
 log = logging.getLogger("xshare.runtime")
+T = TypeVar("T")
 
 
 
@@ -337,6 +339,27 @@ class Runtime(Deployments, Controls):
         ``/status``, ``/metrics`` and ``xshare top`` show. Reads without stopping the dispatcher."""
         from .observe.snapshot import snapshot
         return snapshot(self)
+
+    def inspect(self, read: Callable[[RuntimeView], T], *, timeout: float | None = 30.0) -> T:
+        """Call ``read(view)`` on the dispatcher thread, between two steps, and return its result.
+
+        ``view`` is a ``RuntimeView`` (``xshare/runtime/view.py``): the runtime's figures, its jobs,
+        fused groups and deployed models, all of one instant. The records in it are the engine's
+        own: ``read`` must only read them, be quick (no step runs meanwhile) and return plain
+        data. ``snapshot()`` is built this way.
+        """
+        return self._dispatcher.call(lambda: read(self._view()), timeout=timeout)
+
+    def _view(self) -> RuntimeView:
+        d = self._dispatcher
+        with self._lock:
+            jobs = tuple(sorted(self._all.values(), key=lambda j: j.id))
+        return RuntimeView(
+            t0=self.t0, policy=str(getattr(self.policy, "name", self.policy)), fences=self.fences,
+            quantum=int(self.config.quantum), closed=self._closed, compiles=self.compiles,
+            capacity_source=str(self.capacity_source), peak_in_flight_bytes=d.peak_in_flight_bytes,
+            fused_member_steps=d.fused_member_steps, arena=self.arena, jobs=jobs, groups=tuple(d.groups.all()),
+            models=tuple(getattr(d.serving, "models", {}).values()))
 
     def stop(self, *, checkpoint: bool = True, timeout: float | None = 60.0) -> list[str]:
         """Graceful shutdown: dispatch nothing new, let the steps in flight finish, checkpoint

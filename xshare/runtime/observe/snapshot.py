@@ -2,7 +2,7 @@
 ``xshare.status/v1``).
 
 Readers never walk the dispatcher's live tables: the document's runtime part (jobs, groups,
-lanes, the arena's books) is built *on the dispatcher thread*, between two steps (``Dispatcher.call``),
+lanes, the arena's books) is built *on the dispatcher thread*, between two steps (``Runtime.inspect``),
 so it is one consistent view, and handed over as a new immutable-by-convention dict. NVML is
 asked afterwards, on the reader's thread (its calls take milliseconds).
 """
@@ -17,14 +17,16 @@ from typing import Any
 from ..engine.records import now_s
 from ..engine.tiers import explain as explain_tier
 from ..engine.tiers import steps_per_call
+from ..view import RuntimeView
 from .schema import SCHEMA_ID
 
 
 
 def snapshot(rt: Any) -> dict[str, Any]:
+    """``rt.snapshot()``: the document from ``rt.inspect`` (public figures only), then NVML's."""
     from . import nvml
 
-    doc = rt._dispatcher.call(_document, rt, timeout=30.0)
+    doc = rt.inspect(_document, timeout=30.0)
     dev = rt.device
     stats = nvml.device_stats(dev)
     doc["device"] = {
@@ -39,23 +41,22 @@ def snapshot(rt: Any) -> dict[str, Any]:
     return doc
 
 
-def _document(rt: Any) -> dict[str, Any]:
+def _document(view: RuntimeView) -> dict[str, Any]:
     """Everything but the device's NVML figures; runs on the dispatcher thread."""
     from ... import __version__
 
-    rel = now_s() - rt.t0
-    with rt._lock:
-        records = sorted((h._rec for h in rt._handles.values()), key=lambda j: j.id)
-    names = {j.id: j.name for j in records}
-    arena = rt.arena
+    rel = now_s() - view.t0
+    records = view.jobs
+    names: dict[Any, str] = {j.id: j.name for j in records}
+    arena = view.arena
     lane_infos = arena.lanes()
     queue = arena.queue
     arena_doc = {
         "capacity_bytes": int(arena.capacity),
-        "capacity_source": str(rt.capacity_source),
+        "capacity_source": view.capacity_source,
         "committed_bytes": int(arena.committed),
         "free_bytes": int(arena.free),
-        "peak_in_flight_bytes": int(rt.peak_in_flight_bytes),
+        "peak_in_flight_bytes": int(view.peak_in_flight_bytes),
         "queued_jobs": len(queue),
         "queue": [names.get(i, str(i)) for i in queue],
     }
@@ -92,25 +93,25 @@ def _document(rt: Any) -> dict[str, Any]:
         "persistent_bytes": int(g.fused.footprint.persistent),
         "ephemeral_bytes": int(g.fused.footprint.ephemeral),
         "program": g.program.key[:12],
-    } for g in rt._dispatcher.groups.all()]
-    total_device = sum(j["device_time_s"] for j in jobs)
-    for j in jobs:
-        j["device_time_share"] = j["device_time_s"] / total_device if total_device > 0 else None
+    } for g in view.groups]
+    total_device = sum(row["device_time_s"] for row in jobs)
+    for row in jobs:
+        row["device_time_share"] = row["device_time_s"] / total_device if total_device > 0 else None
     runtime = {
         "pid": os.getpid(),
         "version": __version__,
-        "policy": str(getattr(rt.policy, "name", rt.policy)),
+        "policy": view.policy,
         "started_unix_s": time.time() - rel,
         "uptime_s": max(rel, 0.0),
-        "fences": bool(rt.fences),
-        "quantum": int(rt.config.quantum),
-        "closed": bool(rt._closed),
-        "xla_compiles": int(rt.compiles),
-        "fused_member_steps": int(rt._dispatcher.fused_member_steps),
+        "fences": bool(view.fences),
+        "quantum": int(view.quantum),
+        "closed": bool(view.closed),
+        "xla_compiles": int(view.compiles),
+        "fused_member_steps": int(view.fused_member_steps),
     }
     return {"schema": SCHEMA_ID, "time_unix_s": time.time(), "runtime": runtime, "device": None,
             "arena": arena_doc, "lanes": lanes, "jobs": jobs, "groups": groups,
-            "models": [m.stats() for m in list(getattr(rt._dispatcher.serving, "models", {}).values())]}
+            "models": [m.stats() for m in view.models]}
 
 
 def _job(j: Any, now: float) -> dict[str, Any]:
