@@ -118,14 +118,14 @@ def test_the_driver_wakes_on_each_job_end_and_leaves_a_shared_runtime_as_it_foun
     listening = []
 
     def while_running(study, frozen):  # the driver listens while the study runs
-        listening.append(len(rt._end_listeners))
+        listening.append(len(rt._jobs.end_listeners))
 
     study = study_of()
     with xshare.Runtime(memory="64MiB") as rt:
         rt.add_end_listener(bystander)
         xshare.tune.optimize(study, lambda t: make(t.suggest_float("lr", 0.01, 0.2)), 4,
                              metric="eval/mse", concurrency=2, runtime=rt, callbacks=[while_running])
-        assert rt._end_listeners == [bystander]
+        assert rt._jobs.end_listeners == [bystander]
     assert listening == [2] * 4
     assert len(study.trials) == 4 and all(t.state in (TS.COMPLETE, TS.PRUNED) for t in study.trials)
     # Each job's end is announced once, as it ends.

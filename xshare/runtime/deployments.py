@@ -1,38 +1,36 @@
 """A Runtime's deployed models (serving): ``deploy``, ``undeploy``, ``models``, ``model``.
 
 The models themselves (compiled buckets, queues, the dispatcher's hub) are ``models.py``; this is
-the part of the public ``Runtime`` that hands them over to the dispatcher.
+what the public ``Runtime``'s methods of the same names delegate to: it hands them over to the
+dispatcher.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+import threading
+from typing import TYPE_CHECKING, Any, Callable
 
 from .._errors import XShareError
+
+if TYPE_CHECKING:
+    from .engine.dispatcher import Dispatcher
 
 log = logging.getLogger("xshare.runtime")
 
 
 class Deployments:
-    """A part of ``Runtime``: its models next to its jobs."""
+    """``Runtime``'s models next to its jobs: what ``Runtime.deploy``, ``undeploy``, ``models``,
+    ``model`` and ``model_versions`` call (their docstrings are the users')."""
+
+    def __init__(self, dispatcher: Dispatcher, device: Any, closed: Callable[[], bool]) -> None:
+        self._dispatcher = dispatcher
+        self._device = device
+        self._closed = closed
+        self._lock = threading.Lock()  # the hub is made once, by the first deploy
 
     def deploy(self, spec: Any) -> Any:
-        """Deploy a model (``xshare.model(...)``) next to the jobs.
-
-        Compiles ``predict`` for each padded batch size on this thread, admits the model by
-        memory (params persistent, the largest bucket ephemeral), puts the params on the device
-        once, and from then on the dispatcher runs its batches between training steps. HTTP:
-        ``POST /v2/models/{name}/infer``.
-
-        Returns:
-          The model's :class:`ModelHandle`.
-
-        Raises:
-          AdmissionError: the model does not fit in the arena now (it does not wait in the job
-            queue); the message names its ``P + E`` and what is free.
-          TypeError: ``spec`` is not from ``xshare.model``.
-        """
+        """Compile, admit and start serving ``spec``; its handle (see ``Runtime.deploy``)."""
         from ..serving.spec import ModelSpec
         from .deployed.hub import Hub, ModelHandle
         from .deployed.models import Deployed
@@ -40,13 +38,13 @@ class Deployments:
         if not isinstance(spec, ModelSpec):
             raise TypeError(f"deploy takes a model spec from xshare.model(predict, params, inputs=...); "
                             f"got {type(spec).__name__}")
-        if self._closed:
+        if self._closed():
             raise XShareError("this runtime is closed; deploy to a live one")
         hub = self._dispatcher.serving
         if hub is not None and (spec.name, spec.version) in hub.models:
             raise XShareError(f"a model named {spec.name!r} is already deployed at version {spec.version}; undeploy "
                               "it first, pick another name, or deploy another version (version=N)")
-        deployed = Deployed(spec, self.device)  # compiles here, off the dispatcher's thread
+        deployed = Deployed(spec, self._device)  # compiles here, off the dispatcher's thread
         d = self._dispatcher
         with self._lock:
             if d.serving is None:
@@ -63,9 +61,6 @@ class Deployments:
         return ModelHandle(d.serving, deployed)
 
     def undeploy(self, name: str, version: int | None = None) -> None:
-        """Stop taking requests for model ``name`` (every version, or only ``version``), answer
-        those queued, free its memory; requests to its other versions go on meanwhile.
-        ``KeyError`` naming the deployed models (or versions) if there is none."""
         hub = self._dispatcher.serving
         versions = hub.by_name.get(name, ()) if hub is not None else ()
         if not versions:
@@ -80,15 +75,12 @@ class Deployments:
 
     @property
     def models(self) -> dict[str, Any]:
-        """The deployed models' handles, by name (each follows its name's default version)."""
         from .deployed.hub import ModelHandle
 
         hub = self._dispatcher.serving if self._dispatcher is not None else None
         return {} if hub is None else {n: ModelHandle(hub, v[0], pinned=False) for n, v in hub.by_name.items()}
 
     def model(self, name: str, version: int | None = None) -> Any:
-        """A deployed model's handle: ``version``, or (None) whichever version is the name's
-        default at each call, the highest ready one. ``KeyError`` naming what is deployed otherwise."""
         from .deployed.hub import ModelHandle
 
         hub = self._dispatcher.serving if self._dispatcher is not None else None
@@ -104,7 +96,6 @@ class Deployments:
         return ModelHandle(hub, m)
 
     def model_versions(self, name: str) -> list[Any]:
-        """Each deployed version of ``name`` (lowest first), as handles of that version."""
         from .deployed.hub import ModelHandle
 
         hub = self._dispatcher.serving if self._dispatcher is not None else None

@@ -1,61 +1,55 @@
 """The runtime: one process owns the device and interleaves the compiled steps of many jobs.
 
-``Runtime`` is a facade over collaborators with narrow interfaces, each in its own module:
+``Runtime`` is a facade over collaborators it owns, each with a narrow interface in its own
+module; its public methods are thin and delegate:
 
-  * the compile pool (a small thread pool) traces and compiles through the process-wide
-    program cache (``compiler.py``): N jobs of one program cost one XLA compile, and
-    ``submit`` returns at once with the job ``compiling``;
+  * the job table (``jobtable.py``): every submitted job's record and handle, by id and name;
+  * the controls (``controls.py``): pause, resume, cancel, reprioritize, as dispatcher events;
+  * the deployments (``deployments.py``): models served next to the jobs;
+  * the workers (``workers.py``), the threads, built together and stopped in order: the compile
+    pool (``prepare.py``, through the process-wide program cache: N jobs of one program cost
+    one XLA compile, and ``submit`` returns at once with the job ``compiling``); the dispatcher
+    (``engine/dispatcher.py``), one thread that owns picking and dispatch and every job's device
+    state, event-driven, O(1) host work per step; the feeder (``engine/source.py``); the
+    recorder (``observe/recorder.py``), one thread for every file write and the fence timeline;
   * the arena (``xshare.memory``): the reservation ledger that admits, queues or refuses;
-  * the dispatcher (``dispatcher.py``): one thread that owns picking and dispatch and every
-    job's device state, event-driven, O(1) host work per step;
-  * the feeder (``source.py``): batches made inline by the dispatcher, or, for slow data, by
-    two prefetch threads shared by all jobs;
-  * the recorder (``recorder.py``): one thread for every file write and the fence timeline;
-  * the status server (``server.py``), which reads ``snapshot()`` only.
+  * the status server (``web/server.py``), which reads ``snapshot()`` only, itself built from
+    ``inspect``'s view (``view.py``).
 Threads do not grow with the number of jobs.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence, TypeVar
 
 import jax
 
-from .. import ffi, sched
-from .._errors import XShareError
+from .. import sched
 from .._job import JobSpec
 from .._units import format_bytes
 from ..memory import Arena
 from ..memory.device import arena_capacity, configure_preallocation
 from .compiled.compiler import PROGRAMS
-from .config import COLD_COMPILE_S, RuntimeConfig
-from .engine.dispatcher import Dispatcher, debug_ownership_default
+from .config import RuntimeConfig
+from .engine.dispatcher import debug_ownership_default
 from .handle import JobHandle
-from .observe.recorder import Recorder, check_new_names
 from .observe.writers import resolve as resolve_writers
 from .controls import Controls
 from .deployments import Deployments
-from .prepare import Preparation
 from .engine.records import JobRecord, Progress, StepRecord, now_s
-from .engine.source import LazyFeeder
-from .compiled.sweeps import Sweeps
-from .engine.states import Event
-from .observe.timing import Timeline
+from .jobtable import JobTable
 from .setup import compilation_cache_dir, fences_wanted
 from .view import RuntimeView
+from .workers import Workers
 
 log = logging.getLogger("xshare.runtime")
 T = TypeVar("T")
 
 
-
-class Runtime(Deployments, Controls):
+class Runtime:
     """Owns one device; admits, places and interleaves jobs under a scheduling policy.
 
     Args:
@@ -153,43 +147,16 @@ class Runtime(Deployments, Controls):
         self.device = device if device is not None else jax.devices()[0]
         capacity, self.capacity_source = arena_capacity(memory, self.device)
         self.arena = Arena(capacity, max_lanes=max_lanes)
-        use_fences = fences_wanted(fences, self.device)
-        self._ring = ffi.open_ring() if use_fences else None
         self.t0 = now_s()
-        self._all: dict[int, JobRecord] = {}
-        self._handles: dict[int, JobHandle] = {}
-        self._by_name: dict[str, JobHandle] = {}
-        self._ids = itertools.count()
-        self._lock = threading.Lock()          # guards the job tables above, never held long
-        self._ended = threading.Condition()
-        # Called (on the dispatcher thread, so: cheap and never raising) as each job ends;
-        # xshare.tune's driver wakes on it instead of polling its trials' statuses.
-        self._end_listeners: list[Callable[[JobRecord], None]] = []
-        self._closed = False
-        self.timeline_ = Timeline(self._ring, self._unit)
-        self.recorder = Recorder(log_dir=config.log_dir, checkpoint_dir=config.checkpoint_dir, t0=self.t0,
-                                 tick=self.timeline_.drain if self._ring is not None else None,
-                                 checkpoint_keep=checkpoint_keep, writers=factories)
-        # (the feeder's lambda reads the dispatcher when a batch is ready, after it exists)
-        self.feeder = LazyFeeder(lambda: self.device, lambda: self._dispatcher.poke)
-        self._dispatcher: Dispatcher = Dispatcher(
-            policy=self.policy, arena=self.arena, device=self.device, feeder=self.feeder,
-            recorder=self.recorder, timeline=self.timeline_, ring=self._ring, t0=self.t0,
-            on_end=self._job_ended, config=config, capacity_source=self.capacity_source, ids=self._ids,
-            submit=lambda fn: self._tier_pool.submit(fn),
-            # a K-step program not in the persistent cache costs a compile: at least what one
-            # typically costs (a process whose programs all came from the cache measured only
-            # loads, which say nothing of a miss)
-            compile_estimate=lambda: max(PROGRAMS.slowest_compile_s, COLD_COMPILE_S))
-        self._sweeps = Sweeps(self.device)     # fused runtimes: which program each job runs
-        self._dispatcher.groups.sweeps = self._sweeps
-        # What the compile pool's threads run (prepare.py): a job to a Prepared event.
-        self._prep = Preparation(config=config, device=self.device, recorder=self.recorder,
-                                 dispatcher=self._dispatcher, sweeps=self._sweeps, fenced=self._ring is not None)
-        self._pool = ThreadPoolExecutor(max_workers=compile_workers, thread_name_prefix="xshare-compile")
-        # K-step programs (tiers.py) compile on a thread of their own: a job's first program
-        # never queues behind another job's promotion, and close() need not wait for them.
-        self._tier_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="xshare-tiers")
+        self._jobs = JobTable(self.t0)         # the submitted jobs, by id and name
+        self._workers = w = Workers(policy=self.policy, config=config, arena=self.arena, device=self.device,
+                                    capacity_source=self.capacity_source, jobs=self._jobs,
+                                    fenced=fences_wanted(fences, self.device), writers=factories)
+        # the workers' parts that the rest of the package (and its tests) reach by these names
+        self.timeline_, self.recorder, self.feeder = w.timeline, w.recorder, w.feeder
+        self._dispatcher, self._pool, self._tier_pool = w.dispatcher, w.pool, w.tier_pool
+        self._controls = Controls(self._jobs, self._dispatcher)
+        self._deployments = Deployments(self._dispatcher, self.device, lambda: self.closed)
         self.status_server = self.grpc_server = None
         if status_port is not None or grpc_port is not None:
             from .web.server import start_servers
@@ -203,7 +170,7 @@ class Runtime(Deployments, Controls):
     @property
     def fences(self) -> bool:
         """Whether this runtime's steps carry FFI fences (device timestamps in ``timeline()``)."""
-        return self._ring is not None
+        return self._workers.ring is not None
 
     @property
     def peak_in_flight_bytes(self) -> int:
@@ -242,43 +209,9 @@ class Runtime(Deployments, Controls):
     def submit_many(self, specs: Iterable[JobSpec]) -> list[JobHandle]:
         """Submit several jobs; returns their handles at once, in order. Jobs of one program
         compile once; they are admitted in submission order."""
-        specs = list(specs)
-        jobs: list[JobRecord] = []
-        with self._lock:
-            if self._closed:
-                raise XShareError("this Runtime is closed; create a new one to submit jobs")
-            for spec in specs:
-                if not isinstance(spec, JobSpec):
-                    raise TypeError(f"submit() takes a JobSpec from step.bind(...); got {type(spec).__name__}")
-            check_new_names([spec.name for spec in specs], set(self._by_name))
-            # Jobs of one step function in one call will most likely share a program: a fused
-            # group is opened with room for all of them (it still grows for later arrivals).
-            # Closures made by one factory share their code object, so a sweep built by calling
-            # make_job N times counts as N, not N times 1.
-            same: dict = {}
-            for spec in specs:
-                same[_step_code(spec)] = same.get(_step_code(spec), 0) + 1
-            for spec in specs:
-                job = JobRecord(id=next(self._ids), spec=spec, arrival_s=now_s() - self.t0,
-                                priority=spec.priority, fuse_hint=same[_step_code(spec)])
-                self._all[job.id] = job
-                self._dispatcher.post(self._dispatcher.arrived, job)  # before its compiled event
-                handle = JobHandle(self, job)
-                self._handles[job.id] = handle
-                self._by_name[spec.name] = handle
-                jobs.append(job)
-        if self.config.fuse:
-            # Jobs of one step function are prepared together: their programs are chosen
-            # together (a sweep over constants becomes one lifted program).
-            by_code: dict = {}
-            for job in jobs:
-                by_code.setdefault(_step_code(job.spec), []).append(job)
-            for group in by_code.values():
-                self._pool.submit(self._prep.prepare_fused, group)
-        else:
-            for job in jobs:
-                self._pool.submit(self._prep.prepare, job)
-        return [self._handles[job.id] for job in jobs]
+        jobs = self._jobs.add(list(specs), self, lambda job: self._dispatcher.post(self._dispatcher.arrived, job))
+        self._workers.prepare(jobs)
+        return [self._jobs.handles[job.id] for job in jobs]
 
     def explain(self, specs: Iterable[JobSpec]) -> Any:
         """Which of ``specs`` would run as one fused group in this runtime, and why each other job
@@ -291,13 +224,8 @@ class Runtime(Deployments, Controls):
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until every submitted job has ended (and its files are written). False on timeout."""
-        deadline = None if timeout is None else now_s() + timeout
-        with self._ended:
-            while any(not j.terminal for j in self._all.values()):
-                remaining = None if deadline is None else deadline - now_s()
-                if remaining is not None and remaining <= 0:
-                    return False
-                self._ended.wait(timeout=0.5 if remaining is None else min(remaining, 0.5))
+        if not self._jobs.wait(timeout):
+            return False
         self.recorder.flush()
         return True
 
@@ -305,13 +233,13 @@ class Runtime(Deployments, Controls):
         """Call ``listener(job)`` as each job ends (on the dispatcher thread: it must be cheap; an
         exception is logged and ignored). ``xshare.tune`` wakes on it instead of polling. Adding
         one twice keeps one."""
-        if listener not in self._end_listeners:
-            self._end_listeners.append(listener)
+        if listener not in self._jobs.end_listeners:
+            self._jobs.end_listeners.append(listener)
 
     def remove_end_listener(self, listener: Callable[[JobRecord], None]) -> None:
         """Stop calling ``listener`` (a no-op if it was not added)."""
-        if listener in self._end_listeners:
-            self._end_listeners.remove(listener)
+        if listener in self._jobs.end_listeners:
+            self._jobs.end_listeners.remove(listener)
 
     @property
     def address(self) -> str | None:
@@ -322,7 +250,7 @@ class Runtime(Deployments, Controls):
     @property
     def closed(self) -> bool:
         """Whether ``close()`` (or ``stop()``) has begun: the runtime takes no more work."""
-        return self._closed
+        return self._jobs.closed
 
     def timeline(self) -> list[StepRecord]:
         """Executed steps in start order (a bounded window): device times from the FFI fences,
@@ -334,6 +262,82 @@ class Runtime(Deployments, Controls):
         now = now_s() - self.t0
         return [h._rec.progress(now) for h in self.jobs]
 
+    # ------------------------------------------------------------------ job controls (controls.py)
+    @property
+    def jobs(self) -> list[JobHandle]:
+        """The handles of every job submitted to this runtime, in submission order."""
+        return self._controls.jobs
+
+    def handle(self, job: str | int | JobHandle) -> JobHandle:
+        """A job's handle by name, id or handle; ``KeyError`` naming the known jobs otherwise."""
+        return self._controls.handle(job)
+
+    def pause(self, job: str | int | JobHandle, *, offload: bool = False) -> None:
+        """Stop dispatching the job's steps; ``resume`` continues exactly where it stopped.
+
+        With ``offload=True`` the job's state also moves to host memory (``pinned_host`` where
+        the device has it) once its in-flight steps finish, and its persistent bytes go back to
+        the arena, so a queued job can be admitted in its place. ``resume`` moves it back as
+        soon as its lane has room again; the job's results are unchanged by the round trip.
+        """
+        self._controls.pause(job, offload=offload)
+
+    def resume(self, job: str | int | JobHandle) -> None:
+        """Let a paused job step again (after its state is back on the device, if offloaded)."""
+        self._controls.resume(job)
+
+    def cancel(self, job: str | int | JobHandle) -> None:
+        """End the job after its in-flight steps; its memory goes to the next queued job."""
+        self._controls.cancel(job)
+
+    def set_priority(self, job: str | int | JobHandle, priority: int) -> None:
+        """Change a job's priority (larger runs first under ``priority``; ties by arrival).
+
+        Raises:
+          ValueError: ``priority`` is not an int.
+        """
+        self._controls.set_priority(job, priority)
+
+    # ------------------------------------------------------------------ deployed models (deployments.py)
+    def deploy(self, spec: Any) -> Any:
+        """Deploy a model (``xshare.model(...)``) next to the jobs.
+
+        Compiles ``predict`` for each padded batch size on this thread, admits the model by
+        memory (params persistent, the largest bucket ephemeral), puts the params on the device
+        once, and from then on the dispatcher runs its batches between training steps. HTTP:
+        ``POST /v2/models/{name}/infer``.
+
+        Returns:
+          The model's :class:`ModelHandle`.
+
+        Raises:
+          AdmissionError: the model does not fit in the arena now (it does not wait in the job
+            queue); the message names its ``P + E`` and what is free.
+          TypeError: ``spec`` is not from ``xshare.model``.
+        """
+        return self._deployments.deploy(spec)
+
+    def undeploy(self, name: str, version: int | None = None) -> None:
+        """Stop taking requests for model ``name`` (every version, or only ``version``), answer
+        those queued, free its memory; requests to its other versions go on meanwhile.
+        ``KeyError`` naming the deployed models (or versions) if there is none."""
+        self._deployments.undeploy(name, version)
+
+    @property
+    def models(self) -> dict[str, Any]:
+        """The deployed models' handles, by name (each follows its name's default version)."""
+        return self._deployments.models
+
+    def model(self, name: str, version: int | None = None) -> Any:
+        """A deployed model's handle: ``version``, or (None) whichever version is the name's
+        default at each call, the highest ready one. ``KeyError`` naming what is deployed otherwise."""
+        return self._deployments.model(name, version)
+
+    def model_versions(self, name: str) -> list[Any]:
+        """Each deployed version of ``name`` (lowest first), as handles of that version."""
+        return self._deployments.model_versions(name)
+
+    # ------------------------------------------------------------------ observation
     def snapshot(self) -> dict[str, Any]:
         """The runtime's state as one JSON-ready dict (``"schema": "xshare.status/v1"``): what
         ``/status``, ``/metrics`` and ``xshare top`` show. Reads without stopping the dispatcher."""
@@ -352,13 +356,11 @@ class Runtime(Deployments, Controls):
 
     def _view(self) -> RuntimeView:
         d = self._dispatcher
-        with self._lock:
-            jobs = tuple(sorted(self._all.values(), key=lambda j: j.id))
         return RuntimeView(
             t0=self.t0, policy=str(getattr(self.policy, "name", self.policy)), fences=self.fences,
-            quantum=int(self.config.quantum), closed=self._closed, compiles=self.compiles,
+            quantum=int(self.config.quantum), closed=self.closed, compiles=self.compiles,
             capacity_source=str(self.capacity_source), peak_in_flight_bytes=d.peak_in_flight_bytes,
-            fused_member_steps=d.fused_member_steps, arena=self.arena, jobs=jobs, groups=tuple(d.groups.all()),
+            fused_member_steps=d.fused_member_steps, arena=self.arena, jobs=self._jobs.jobs(), groups=tuple(d.groups.all()),
             models=tuple(getattr(d.serving, "models", {}).values()))
 
     def stop(self, *, checkpoint: bool = True, timeout: float | None = 60.0) -> list[str]:
@@ -366,55 +368,20 @@ class Runtime(Deployments, Controls):
         every unfinished job (when checkpointing is configured), then close. Nothing done is
         lost: a later ``Runtime(resume=True)`` continues from exactly here. Returns the names of
         jobs that could not be checkpointed within ``timeout`` (reported, not waited for)."""
-        missed: list[str] = []
-        if not self._closed:
-            if self._dispatcher.serving is not None:  # answer every queued request first
-                try:
-                    self._dispatcher.call(self._dispatcher.serving.drain, timeout=timeout)
-                except Exception as err:  # noqa: BLE001
-                    log.warning("xshare: stop could not answer every queued request: %s", err)
-            try:
-                missed = self._dispatcher.call(self._dispatcher.stop, checkpoint, timeout=timeout)
-            except Exception as err:  # noqa: BLE001 - stop always returns
-                log.warning("xshare: stop could not checkpoint every job: %s", err)
-                missed = [j.name for j in self._all.values() if not j.terminal]
+        missed = [] if self.closed else self._workers.stop(checkpoint, timeout)
         self.close()
         return missed
 
     def close(self) -> None:
         """Cancel whatever still runs, stop the threads and release the device state."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-        self._pool.shutdown(wait=True, cancel_futures=True)
-        try:
-            self._dispatcher.call(self._dispatcher.shutdown, timeout=60)
-        except Exception as err:  # noqa: BLE001
-            log.warning("xshare: the dispatcher did not shut down cleanly: %s", err)
-        self._dispatcher.thread.join(timeout=10)
-        # After the dispatcher (which may still weigh a promotion as it retires its last steps),
-        # and not waited for: a K-step program compiling in the background (tiers.py) for jobs
-        # that have ended finishes on its own (into the persistent compilation cache, for the
-        # next run) without holding this close().
-        self._tier_pool.shutdown(wait=False, cancel_futures=True)
-        if self._dispatcher.serving is not None:  # nothing launches now: fail what still waits
-            self._dispatcher.serving.close()
-        for job in self._all.values():  # anything the dispatcher never saw (compiling)
-            if not job.terminal:
-                self._dispatcher.life.end(job, Event.CANCEL)
-        self.feeder.close()
-        self.recorder.close()
-        if self._ring is not None:
-            self.timeline_.drain()
-            ffi.close_ring(self._ring)
-            self._ring = self.timeline_.ring = None
+        if not self._jobs.close():
+            return
+        self._workers.close()
         if self.status_server is not None:
             self.status_server.stop()
         if self.grpc_server is not None:
             self.grpc_server.stop()
-        with self._ended:
-            self._ended.notify_all()
+        self._jobs.wake()
 
     def __enter__(self) -> "Runtime":
         return self
@@ -424,23 +391,6 @@ class Runtime(Deployments, Controls):
         if exc_type is None:
             self.wait()
         self.close()
-
-    def _unit(self, unit_id: int) -> Any:
-        """A job or fusion group by id (fence records name either)."""
-        return self._all.get(unit_id) or self._dispatcher.groups.get(unit_id)
-
-    def _job_ended(self, job: JobRecord) -> None:
-        with self._ended:
-            self._ended.notify_all()
-        for listener in list(self._end_listeners):
-            try:
-                listener(job)
-            except Exception:  # runs on the dispatcher thread: never take it down (logged)
-                log.exception("xshare: a job-end listener raised")
-
-
-def _step_code(spec: JobSpec) -> Any:
-    return getattr(spec.fn, "__code__", None) or id(spec.job)
 
 
 __all__ = ["Runtime", "JobHandle", "Progress", "format_bytes"]
