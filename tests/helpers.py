@@ -106,3 +106,12 @@ seed = 0
 concurrency = {concurrency}
 {tune}
 '''
+
+
+def sigint_as_in_a_terminal() -> None:
+    """``preexec_fn`` for a child that a test interrupts with SIGINT: Ctrl-C's default, as in a
+    terminal. A shell starts a background job (``pytest ... &``) with SIGINT ignored, its
+    children inherit that, and Python then installs no KeyboardInterrupt handler at all."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -15,7 +15,7 @@ import pytest
 
 from xshare.models import mlp
 from xshare.runtime.observe import checkpoint
-from tests.helpers import assert_trees_equal, plain_loop
+from tests.helpers import assert_trees_equal, plain_loop, sigint_as_in_a_terminal
 
 STEPS = 1500
 SPEC = """
@@ -33,7 +33,8 @@ params = {{ width = [16, 32], batch = 16, lr = 0.003 }}
 def _launch(*args, cwd):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen([sys.executable, "-m", "xshare", "launch", *args], cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=sigint_as_in_a_terminal)
 
 
 def _wait_for_checkpoints(run: Path, proc, timeout=120.0):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import assert_trees_equal, plain_loop
+from tests.helpers import assert_trees_equal, plain_loop, sigint_as_in_a_terminal
 from xshare.runtime.observe import checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
@@ -55,7 +55,8 @@ def _launch(work: Path, *args: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "XSHARE_RUNTIME_DIR": str(work / "disc"),
            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     return subprocess.Popen([sys.executable, "-m", "xshare", "launch", *args], cwd=work, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=sigint_as_in_a_terminal)
 
 
 def _start(work: Path, *extra: str) -> subprocess.Popen:
