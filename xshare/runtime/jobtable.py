@@ -59,12 +59,13 @@ class JobTable:
             # group is opened with room for all of them (it still grows for later arrivals).
             # Closures made by one factory share their code object, so a sweep built by calling
             # make_job N times counts as N, not N times 1.
+            codes = [step_code(spec) for spec in specs]
             same: dict = {}
-            for spec in specs:
-                same[step_code(spec)] = same.get(step_code(spec), 0) + 1
-            for spec in specs:
+            for code in codes:
+                same[code] = same.get(code, 0) + 1
+            for spec, code in zip(specs, codes):
                 job = JobRecord(id=next(self.ids), spec=spec, arrival_s=now_s() - self.t0,
-                                priority=spec.priority, fuse_hint=same[step_code(spec)])
+                                priority=spec.priority, fuse_hint=same[code])
                 self.records[job.id] = job
                 arrived(job)
                 handle = JobHandle(runtime, job)
