@@ -19,6 +19,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
+from ... import ffi
 from ...memory.footprint import Footprint, footprint_from_analysis
 from .leaves import Promote, changed_numbers, describe_aval, is_array, is_key, layout_of, path_name
 
@@ -146,7 +147,7 @@ def program_key(text: str, *, state_avals: tuple, batch_avals: tuple, keys: tupl
                 donate: tuple, device: Any, fenced: bool, callbacks_of: Any = None) -> str:
     """The one program key (the compiler's and the dry run's): what XLA computes.
 
-    ``text`` is the unfenced lowering over carried arrays; ``keys`` the PRNG impls of the state's
+    ``text`` is the lowering over carried arrays (fenced or not, as ``fenced`` says); ``keys`` the PRNG impls of the state's
     key leaves; ``callbacks_of`` the step function when the text calls back into Python (a host
     callback lowers to an index, not to the function it calls: such a program is shared only by
     jobs of the same step function)."""
@@ -171,6 +172,16 @@ def lower_unfenced(flat: Callable, state_struct: list, batch_struct: list) -> tu
         warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
         traced = jax.jit(flat, donate_argnums=DONATE).trace(state_struct, batch_struct)
         return traced.jaxpr, traced.lower()
+
+
+def lower_fenced(flat: Callable, state_struct: list, batch_struct: list, device: Any) -> Any:
+    """The lowering of ``flat`` between the fences (``ffi.fenced``): the program a fenced
+    runtime runs, its identity (ring, job, lane) a trailing int32[3] operand."""
+    ffi.ensure_loaded()  # the handlers must be registered before XLA compiles
+    ident = jax.ShapeDtypeStruct((3,), np.int32, sharding=jax.sharding.SingleDeviceSharding(device))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+        return jax.jit(ffi.fenced(flat, donated=True), donate_argnums=DONATE).lower(state_struct, batch_struct, ident)
 
 
 def replay(closed: Any, n_state: int) -> Callable:

@@ -207,10 +207,12 @@ def explain(tier: JobTier | None) -> str:
     return tier.note
 
 
-def steps_per_call(job: Any) -> dict[str, int]:
-    """A job's steps by how many ran per call: ``{"1": n1, "16": n16}`` (status, RESULTS)."""
-    multi = {k: n for k, n in (job.tier.steps_at.items() if job.tier is not None else ()) if k > 1}
-    out = {"1": max(int(job.steps_done) - sum(multi.values()), 0)}
+def steps_per_call(unit: Any) -> dict[str, int]:
+    """A job's (or a fused group's) steps by how many ran per call: ``{"1": n1, "16": n16}``
+    (status, RESULTS). A group member's steps are counted on its group."""
+    multi = {k: n for k, n in (unit.tier.steps_at.items() if unit.tier is not None else ()) if k > 1}
+    done = unit.steps_run if unit.is_group else unit.steps_done
+    out = {"1": max(int(done) - sum(multi.values()), 0)}
     out.update({str(k): int(n) for k, n in sorted(multi.items())})
     return out
 

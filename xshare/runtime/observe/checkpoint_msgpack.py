@@ -17,7 +17,6 @@ from typing import Any
 
 import jax
 import numpy as np
-from flax import serialization
 
 from ..._errors import XShareError
 from ..compiled.leaves import Layout, layout_of, promoted
@@ -62,6 +61,8 @@ def save(path: Path, *, step: int, state: Any, metrics: dict[str, float] | None,
         "kinds": kinds_of(layout),
         "metrics": {k: float(v) for k, v in (metrics or {}).items()},
     }
+    from flax import serialization  # (flax costs ~0.2 s to import: only when a checkpoint is written)
+
     data = serialization.msgpack_serialize(payload)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
@@ -78,6 +79,8 @@ def load(path: Path, like: Any, *, job: str) -> Checkpoint | None:
     if not path.exists():
         return None
     try:
+        from flax import serialization
+
         payload = serialization.msgpack_restore(path.read_bytes())
     except Exception as err:
         raise XShareError(f"job {job!r}: checkpoint {path} is unreadable ({err}); delete it to "

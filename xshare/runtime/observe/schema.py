@@ -131,7 +131,9 @@ STATUS_SCHEMA: dict[str, Any] = {
         "persistent_bytes": _NN_INT,
         "ephemeral_bytes": _NN_INT,
         "program": {"type": "string"},
-    })},
+    }, optional={  # group steps run per K steps per call, and why (docs/explanation/multi-step.md)
+        "steps_per_call": {"type": "object", "additionalProperties": _NN_INT},
+        "programs": {"type": "string"}})},
         "models": {"type": "array", "items": _obj({   # deployed models (Runtime.deploy)
             "name": {"type": "string"},
             "version": {"type": "integer", "minimum": 1},

@@ -93,6 +93,9 @@ def _document(view: RuntimeView) -> dict[str, Any]:
         "persistent_bytes": int(g.fused.footprint.persistent),
         "ephemeral_bytes": int(g.fused.footprint.ephemeral),
         "program": g.program.key[:12],
+        # Group steps by how many ran per call, and why the group runs where it runs (tiers.py).
+        "steps_per_call": steps_per_call(g),
+        "programs": explain_tier(g.tier),
     } for g in view.groups]
     total_device = sum(row["device_time_s"] for row in jobs)
     for row in jobs:
