@@ -85,26 +85,7 @@ def test_a_form_that_is_not_bit_identical_is_never_kept(monkeypatch):
     """The check compares K single steps with the K-step call from one state: a K-step program
     that computes anything else (here: one whose steps add 1e-6 to the state) is not kept, the
     job stays at one step per call and ends exact, and the reason is recorded."""
-    real = multistep._compile
-
-    def off_by_a_little(program, form, device):
-        out = real(program, form, device)
-        exe = out.executable
-
-        def perturbed(state, batches, *ident):
-            new, rows = exe(state, batches, *ident)
-            return [x + 1e-6 if np.issubdtype(x.dtype, np.floating) else x for x in new], rows
-
-        return multistep.MultiStep(form=out.form, executable=perturbed, footprint=out.footprint,
-                                   compile_s=out.compile_s)
-
-    from xshare.runtime.compiled.compiler import ProgramCache
-
-    # A cache and verdicts of its own, so the real K-step program of this step (compiled by an
-    # earlier test of the process) is neither used here nor replaced for the tests after it.
-    monkeypatch.setattr(multistep, "_compile", off_by_a_little)
-    monkeypatch.setattr(multistep, "VERDICTS", multistep.Verdicts())
-    monkeypatch.setattr(multistep, "PROGRAMS", ProgramCache())
+    _perturbed_compiles(monkeypatch, 1e-6)
 
     def make():
         return linreg_step.bind(linreg_state(dim=6, seed=9), linreg_data(dim=6, seed=9), steps=80, name="p")
@@ -119,6 +100,80 @@ def test_a_form_that_is_not_bit_identical_is_never_kept(monkeypatch):
     assert 4 not in tier.steps_at, tier.steps_at
     assert "not bit-identical" in tier.note, tier.note
     assert_trees_equal(handle.result()[0], plain_loop(make())[0])
+
+
+def _perturbed_compiles(monkeypatch, by):
+    """K-step programs whose every call adds ``by`` to each float state leaf, with a program
+    cache and verdicts of their own (the real K-step program of the step, compiled by an
+    earlier test of the process, is neither used here nor replaced for the tests after it)."""
+    from xshare.runtime.compiled.compiler import ProgramCache
+
+    real = multistep._compile
+
+    def off_by_a_little(program, form, device):
+        out = real(program, form, device)
+        exe = out.executable
+
+        def perturbed(state, batches, *ident):
+            new, rows = exe(state, batches, *ident)
+            return [x + by if np.issubdtype(x.dtype, np.floating) else x for x in new], rows
+
+        return multistep.MultiStep(form=out.form, executable=perturbed, footprint=out.footprint,
+                                   compile_s=out.compile_s)
+
+    monkeypatch.setattr(multistep, "_compile", off_by_a_little)
+    monkeypatch.setattr(multistep, "VERDICTS", multistep.Verdicts())
+    monkeypatch.setattr(multistep, "PROGRAMS", ProgramCache())
+
+
+def test_a_tolerance_the_user_opts_into_keeps_a_form_that_is_close(monkeypatch):
+    """``steps_per_call_rtol``: the same off-by-1e-6 program, within a tolerance of 1e-3, is
+    kept; explain says it is not bit-identical and how far apart it was; the job ends close to
+    the plain loop (not equal: the user asked for close)."""
+    _perturbed_compiles(monkeypatch, 1e-6)
+
+    def make():
+        return linreg_step.bind(linreg_state(dim=6, seed=9), linreg_data(dim=6, seed=9), steps=80, name="p")
+
+    for _ in range(2):  # the first compiles in the background, the second checks
+        with xshare.Runtime(memory="256MiB", steps_per_call=4, steps_per_call_rtol=1e-3,
+                            compilation_cache=False) as rt:
+            handle = rt.submit(make())
+            rt.wait()
+            rt._tier_pool.shutdown(wait=True)
+    tier = handle._rec.tier
+    assert tier.steps_at.get(4, 0) > 0, (tier.steps_at, tier.note)
+    assert "within rtol 0.001" in tier.note and "not bit-identical" in tier.note, tier.note
+    got, ref = handle.result()[0], plain_loop(make())[0]
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(ref)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-3)
+    assert any(not np.array_equal(np.asarray(a), np.asarray(b))
+               for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(ref)))
+
+
+def test_deviation_is_relative_to_each_leaf_and_exact_for_what_is_not_a_float():
+    f32 = np.float32
+    a = [np.array([100.0, 0.0], f32), np.array([0.0, 0.0], f32), np.array([3, 4], np.int32)]
+    assert multistep.deviation(a, a) == 0.0
+    near = [np.array([100.0, 0.01], f32), a[1], a[2]]
+    assert multistep.deviation(a, near) == pytest.approx(1e-4, rel=1e-3)  # 0.01 of the leaf's 100
+    assert multistep.deviation(a, [a[0], np.array([0.0, 1e-30], f32), a[2]]) > 1e20  # a leaf of zeros
+    assert multistep.deviation(a, [a[0], a[1], np.array([3, 5], np.int32)]) == float("inf")
+    assert multistep.deviation(a, [a[0], a[1], np.array([3, 4], np.int64)]) == float("inf")
+    nan = [np.array([np.nan, 1.0], f32)]
+    assert multistep.deviation(nan, nan) == 0.0
+    assert multistep.deviation(nan, [np.array([1.0, 1.0], f32)]) == float("inf")
+    v = multistep.Verdict(Form(16, False), False, 2e-4, 1e-4, why="x", deviation=1e-5)
+    assert not v.usable(None) and v.usable(1e-4) and not v.usable(1e-6)
+    assert "within rtol 0.0001" in v.describe(1e-4) and "not kept: x" in v.describe(None)
+    slower = multistep.Verdict(Form(16, False), True, 1e-4, 2e-4)
+    assert not slower.usable(None) and slower.usable(None, forced=True)
+
+
+@pytest.mark.parametrize("bad", [-1e-3, 1.0, "loose", True])
+def test_steps_per_call_rtol_refuses_a_bad_value(bad):
+    with pytest.raises(ValueError, match=r"steps_per_call_rtol=.* must be a float in \[0, 1\)"):
+        xshare.Runtime(memory="64MiB", steps_per_call_rtol=bad)
 
 
 def test_k_never_passes_a_checkpoint(tmp_path):

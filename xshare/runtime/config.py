@@ -49,6 +49,7 @@ class RuntimeConfig:
     group_capacity: int | None = None     # fused groups' floor (sched/capacity.py); None: none
     steps_per_call: int = MAX_STEPS_PER_CALL  # the most steps one call may run
     steps_forced: bool = False            # the user named K: no payback weighing (engine/tiers.py)
+    steps_rtol: float | None = None       # K-step forms kept within this relative difference (None: exact)
     preemptive: bool = False              # the policy preempts at step boundaries (caps K)
     debug_ownership: bool = False         # parts assert they run on the dispatcher thread
 
@@ -64,7 +65,8 @@ class RuntimeConfig:
            log_dir: str | os.PathLike | None = None, checkpoint_dir: str | os.PathLike | None = None,
            checkpoint_every: int | None = None, checkpoint_keep: int = 3, resume: bool = False,
            fuse: bool | str = False, group_capacity: int | None = None, steps_per_call: int | str = "auto",
-           writers: Sequence[Any] = (), debug_ownership: bool = False) -> "RuntimeConfig":
+           steps_per_call_rtol: float | None = None, writers: Sequence[Any] = (),
+           debug_ownership: bool = False) -> "RuntimeConfig":
         """Check ``Runtime``'s arguments and derive what they imply (``policy``: the resolved
         policy; ``writers``: the metrics writers asked for). Raises ValueError naming
         the value and what it must be."""
@@ -88,6 +90,12 @@ class RuntimeConfig:
             raise ValueError(f"checkpoint_keep={checkpoint_keep!r} must be an int >= 1 (checkpoints kept per job)")
         if checkpoint_every is not None and (not _int(checkpoint_every) or checkpoint_every < 1):
             raise ValueError(f"checkpoint_every={checkpoint_every!r} must be an int >= 1 (steps), or None")
+        if steps_per_call_rtol is not None and not (
+                isinstance(steps_per_call_rtol, (int, float)) and not isinstance(steps_per_call_rtol, bool)
+                and 0 <= steps_per_call_rtol < 1):
+            raise ValueError(f"steps_per_call_rtol={steps_per_call_rtol!r} must be a float in [0, 1) (the largest "
+                             "relative difference from K single steps a K-step program may show), or None "
+                             "(bit-identical only)")
         if writers and log_dir is None:
             raise ValueError(f"writers={list(writers)!r} need a log_dir (each job's writer writes under "
                              "log_dir/<job>/)")
@@ -105,6 +113,7 @@ class RuntimeConfig:
                    checkpoint_every=checkpoint_every, checkpoint_keep=checkpoint_keep, resume=resume,
                    fuse=bool(fuse), fuse_measured=fuse is True, group_capacity=group_capacity if fuse else None,
                    steps_per_call=_steps_per_call(steps_per_call), steps_forced=steps_per_call != "auto",
+                   steps_rtol=None if steps_per_call_rtol is None else float(steps_per_call_rtol),
                    preemptive=preemptive, debug_ownership=debug_ownership)
 
 

@@ -103,6 +103,11 @@ class Runtime:
         call never passes a job's last step, evaluation, checkpoint or the reports its
         ``on_metrics`` acts on; under srtf/priority it is capped near 2 ms of device time. An
         int caps K (rounded down to a power of two); 1 runs one step per call.
+      steps_per_call_rtol: None (default): a K-step program is kept only if it is bit-identical
+        to K single steps. A float opts into a tolerance: a form whose state and metrics differ
+        from K single steps by at most this much, relative to each leaf's largest magnitude, is
+        kept too (its ints, bools and PRNG keys must still match exactly); ``explain`` says how
+        far apart it was. For steps whose scan XLA compiles differently (convolutions on CPU).
       compilation_cache: keep XLA's compiled programs on disk, so a relaunch of the same jobs
         (and K-step and fused programs) loads them instead of compiling: True (default) uses
         ``$XSHARE_COMPILATION_CACHE`` or ``~/.cache/xshare/xla`` unless the process already set
@@ -127,13 +132,15 @@ class Runtime:
                  resume: bool = False, max_lanes: int | None = None, slots: int = 1,
                  compile_workers: int = 1, fuse: bool | str = False, group_capacity: int | None = None,
                  steps_per_call: int | str = "auto", compilation_cache: bool | str | os.PathLike = True,
-                 checkpoint_keep: int = 3, writers: Sequence[str | Callable[[Path], Any]] = ()):
+                 checkpoint_keep: int = 3, writers: Sequence[str | Callable[[Path], Any]] = (),
+                 steps_per_call_rtol: float | None = None):
         self.policy = sched.get_policy(policy)
         self.config = config = RuntimeConfig.of(
             self.policy, quantum=quantum, slots=slots, prefetch=prefetch, dispatch_ahead=dispatch_ahead,
             compile_workers=compile_workers, log_dir=log_dir, checkpoint_dir=checkpoint_dir,
             checkpoint_every=checkpoint_every, checkpoint_keep=checkpoint_keep, resume=resume, fuse=fuse,
-            group_capacity=group_capacity, steps_per_call=steps_per_call, writers=writers,
+            group_capacity=group_capacity, steps_per_call=steps_per_call,
+            steps_per_call_rtol=steps_per_call_rtol, writers=writers,
             debug_ownership=debug_ownership_default())
         factories = resolve_writers(writers)
         self.compilation_cache = compilation_cache_dir(compilation_cache)

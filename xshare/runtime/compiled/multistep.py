@@ -14,12 +14,14 @@ the single step's program key, K and the form, like every other program.
 
 from __future__ import annotations
 
+import math
 import time
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from ... import ffi
@@ -142,14 +144,18 @@ def _scan_program(step: Callable, state_struct: Any, batch_struct: Any, *, xs: C
 
 @dataclass(frozen=True)
 class Verdict:
-    """What the check found for a program in one form: bit-identical to K single steps or not,
-    and the measured seconds per step both ways (on the same state and batches)."""
+    """What the check found for a program in one form: bit-identical to K single steps or not
+    (and if not, how far apart: ``deviation``), and the measured seconds per step both ways (on
+    the same state and batches)."""
 
     form: Form
     exact: bool
     single_step_s: float
     multi_step_s: float
     why: str = ""
+    # The largest difference found, relative to its leaf's largest magnitude (``deviation``):
+    # 0.0 when bit-identical, inf when not comparable (it raised, a shape, an int or a NaN differs).
+    deviation: float = 0.0
 
     @property
     def faster(self) -> bool:
@@ -157,14 +163,25 @@ class Verdict:
 
     @property
     def kept(self) -> bool:
+        """Kept by default: bit-identical and faster."""
         return self.exact and self.faster
 
-    def describe(self) -> str:
-        if not self.exact:
+    def close(self, rtol: float | None) -> bool:
+        """Bit-identical, or within ``rtol`` where the user allowed one (``steps_per_call_rtol``)."""
+        return self.exact or (rtol is not None and self.deviation <= rtol)
+
+    def usable(self, rtol: float | None, forced: bool = False) -> bool:
+        """Whether a unit may run this form: close enough, and faster unless the user named K."""
+        return self.close(rtol) and (forced or self.faster)
+
+    def describe(self, rtol: float | None = None) -> str:
+        if not self.close(rtol):
             return f"{self.form.describe()} not kept: {self.why}"
         ratio = self.single_step_s / self.multi_step_s if self.multi_step_s > 0 else float("inf")
         verb = "kept" if self.faster else "not kept (slower)"
-        return (f"{self.form.describe()} {verb}: {self.multi_step_s * 1e6:.0f} us/step against "
+        within = "" if self.exact else (f" within rtol {rtol:g} (not bit-identical: largest relative "
+                                        f"difference {self.deviation:.2g})")
+        return (f"{self.form.describe()} {verb}{within}: {self.multi_step_s * 1e6:.0f} us/step against "
                 f"{self.single_step_s * 1e6:.0f} us/step one step per call ({ratio:.2f}x)")
 
 
@@ -211,13 +228,18 @@ FILE = "verdicts.json"
 def _decode(r: dict[str, Any]) -> tuple[tuple[str, Form], Verdict]:
     """One row of ``verdicts.json``: the program key, the form and what its check found."""
     form = Form(int(r["k"]), bool(r["unroll"]))
-    return (str(r["program"]), form), Verdict(form, bool(r["exact"]), float(r["single_step_s"]),
-                                              float(r["multi_step_s"]), str(r.get("why", "")))
+    exact = bool(r["exact"])
+    # (rows written before deviations were kept: an inexact one is not comparable)
+    deviation = r.get("deviation", 0.0 if exact else None)
+    deviation = math.inf if deviation is None else float(deviation)
+    return (str(r["program"]), form), Verdict(form, exact, float(r["single_step_s"]),
+                                              float(r["multi_step_s"]), str(r.get("why", "")), deviation)
 
 
 def _encode(key: tuple[str, Form], v: Verdict) -> dict[str, Any]:
     return {"program": key[0], "k": v.form.k, "unroll": v.form.unroll, "exact": v.exact,
-            "single_step_s": v.single_step_s, "multi_step_s": v.multi_step_s, "why": v.why}
+            "single_step_s": v.single_step_s, "multi_step_s": v.multi_step_s, "why": v.why,
+            "deviation": v.deviation if math.isfinite(v.deviation) else None}
 
 
 VERDICTS = Verdicts()
@@ -234,6 +256,42 @@ def first_difference(a: list, b: list, what: str) -> str | None:
             detail = f" (max |difference| {float(diff.max()):.3g})" if diff is not None and diff.size else ""
             return f"{what} leaf {i} differs{detail}"
     return None
+
+
+def compare(single: list, multi: list, single_rows: np.ndarray, multi_rows: Any) -> tuple[str | None, float]:
+    """What the check finds between K single steps (their final state leaves and stacked metrics
+    rows) and one K-step call: (where they first differ bit for bit, or None; ``deviation``)."""
+    why = first_difference(single, multi, "state") or first_difference([single_rows], [multi_rows], "metrics")
+    if why is None:
+        return None, 0.0
+    return why, deviation(list(single) + [single_rows], list(multi) + [multi_rows])
+
+
+def deviation(a: list, b: list) -> float:
+    """The largest elementwise difference between two lists of arrays, relative to the largest
+    magnitude in its leaf of ``a`` (so a leaf of zeros does not divide by zero): what a user's
+    ``steps_per_call_rtol`` is compared with. inf where they are not comparable: a shape or dtype
+    differs, a non-float leaf (ints, bools, PRNG key data) differs at all, or NaN/inf sit apart."""
+    worst = 0.0
+    for x, y in zip(a, b):
+        x, y = np.asarray(x), np.asarray(y)
+        if x.shape != y.shape or x.dtype != y.dtype:
+            return math.inf
+        if not jnp.issubdtype(x.dtype, jnp.inexact):
+            if not np.array_equal(x, y):
+                return math.inf
+            continue
+        xf, yf = x.astype(np.float64), y.astype(np.float64)
+        same = (xf == yf) | (np.isnan(xf) & np.isnan(yf))
+        if same.all():
+            continue
+        diff = np.abs(xf - yf)[~same]
+        if not np.isfinite(diff).all():
+            return math.inf
+        finite = np.abs(xf[np.isfinite(xf)])
+        scale = float(finite.max()) if finite.size else 0.0
+        worst = max(worst, float(diff.max()) / max(scale, np.finfo(np.float64).tiny))
+    return worst
 
 
 def matches(batch: Any, like: list) -> bool:

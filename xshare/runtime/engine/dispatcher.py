@@ -107,7 +107,8 @@ class Dispatcher(Executor, MultiCalls, GroupCalls):
             self.admission.join = self.groups.join
         # K-step programs promoted in the background (tiers.py, multicall.py).
         self.tiers = Tiers(device=device, submit=submit, max_k=config.steps_per_call,
-                           forced=config.steps_forced, compile_estimate=compile_estimate)
+                           forced=config.steps_forced, compile_estimate=compile_estimate,
+                           rtol=config.steps_rtol)
         self.life = Lifecycle(self.units, recorder, t0=t0, clock=clock,
                               checkpoint_dir=config.checkpoint_dir, read_state=read_state,
                               forget=(self.admission.forget, self._forget_evaluation,

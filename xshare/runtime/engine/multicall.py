@@ -10,6 +10,7 @@ it has, or (preemptive policies) about ``sched.steps.QUANTUM_S`` of device time.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from typing import Any
 
@@ -19,7 +20,7 @@ import numpy as np
 from ...sched import steps as ksteps
 from ..compiled import multistep
 from ..causes import dispatch_error
-from ..compiled.multistep import MultiStep, Verdict, first_difference
+from ..compiled.multistep import MultiStep, Verdict
 from .records import JobRecord
 from .tiers import Candidate, typical_step_s
 from .source import END, DataError, produce
@@ -143,7 +144,7 @@ class MultiCalls:
             return False
         known = multistep.VERDICTS.get(job.program.key, multi.form)
         if known is not None:
-            keep = known.exact if self.tiers.forced else known.kept
+            keep = self.tiers.keeps(known)
             self.tiers.settle(job.tier, job.program.key, multi, None if keep else known,
                               self._make_room(job, multi) if keep else False)
             return False
@@ -155,7 +156,7 @@ class MultiCalls:
         if job.error is not None or job.terminal:
             return True
         verdict = self._check(job, li, pos, multi)
-        keep = verdict.exact if self.tiers.forced else verdict.kept
+        keep = self.tiers.keeps(verdict)
         self.tiers.settle(job.tier, job.program.key, multi, verdict, self._make_room(job, multi) if keep else False)
         self.recorder.line(job, f"programs: {job.tier.note}")
         return True
@@ -205,16 +206,17 @@ class MultiCalls:
             state, rows = self._call(multi.executable, copies[0], stacked, scratch)
             jax.block_until_ready(state)
             multi_s = (time.perf_counter() - t0) / multi.k
-            why = first_difference(list(arrays), list(state), "state") or \
-                first_difference([values], [np.asarray(rows)], "metrics")
-            if why is None and len(copies) > 1:  # time a second (warm) call
+            why, deviation = multistep.compare(list(arrays), list(state), values, np.asarray(rows))
+            if math.isfinite(deviation) and len(copies) > 1:  # time a second (warm) call
                 t0 = time.perf_counter()
                 jax.block_until_ready(self._call(multi.executable, copies[1], stacked, scratch)[0])
                 multi_s = (time.perf_counter() - t0) / multi.k
         except Exception as err:  # noqa: BLE001 - a K-step program that fails is not kept
-            return Verdict(multi.form, False, 0.0, 0.0, why=f"it raised {type(err).__name__}: {err}")
+            return Verdict(multi.form, False, 0.0, 0.0, why=f"it raised {type(err).__name__}: {err}",
+                           deviation=math.inf)
         return Verdict(multi.form, why is None, 0.0, multi_s,
-                       why=f"not bit-identical to {multi.k} single steps ({why})" if why else "")
+                       why=f"not bit-identical to {multi.k} single steps ({why})" if why else "",
+                       deviation=deviation)
 
     def _make_room(self, job: JobRecord, multi: MultiStep) -> bool:
         """Reserve the K-step program's ephemeral bytes (K stacked batches, K metrics rows, its

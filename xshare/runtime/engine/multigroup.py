@@ -171,7 +171,7 @@ class GroupCalls:
         key = _group_key(group)
         known = multistep.VERDICTS.get(key, multi.form)
         if known is not None:
-            keep = known.exact if self.tiers.forced else known.kept
+            keep = self.tiers.keeps(known)
             self.tiers.settle(group.tier, key, multi, None if keep else known,
                               self._group_room(group, multi) if keep else False)
             return False
@@ -188,7 +188,7 @@ class GroupCalls:
             group.tier.pending = _done(multi)
             return False
         verdict = self._check_group(group, li, pos, multi, *got)
-        keep = verdict.exact if self.tiers.forced else verdict.kept
+        keep = self.tiers.keeps(verdict)
         self.tiers.settle(group.tier, key, multi, verdict, self._group_room(group, multi) if keep else False)
         for job in group.members:
             self.recorder.line(job, f"programs of {group.name}: {group.tier.note}")

@@ -69,13 +69,17 @@ class Tiers:
     """When to compile a job's K-step program, and what became of it."""
 
     def __init__(self, *, device: Any, submit: Callable[[Callable[[], Any]], Future] | None,
-                 max_k: int, forced: bool = False, compile_estimate: Callable[[], float | None]):
+                 max_k: int, forced: bool = False, compile_estimate: Callable[[], float | None],
+                 rtol: float | None = None):
         self.device = device
         self._submit = submit
         self.max_k = max_k                           # steps per call at most (1: tiers off)
         # The user asked for K (``Runtime(steps_per_call=K)``): compile it for every job without
         # weighing the compile or the measured speed; exactness is still checked.
         self.forced = forced
+        # ``Runtime(steps_per_call_rtol=...)``: a K-step form within this relative difference of
+        # K single steps is kept too (None, the default: bit for bit only).
+        self.rtol = rtol
         self.enabled = max_k > 1 and submit is not None
         self._compile_estimate = compile_estimate   # mean seconds of this process's compiles
 
@@ -106,10 +110,10 @@ class Tiers:
                                  else "one step per call")
                 return
             known = multistep.VERDICTS.get(c.key, form)
-            if known is None or (known.exact if self.forced else known.kept):
+            if known is None or self.keeps(known):
                 break  # usable
             tier.tried.append(form)  # checked before and not kept: the next form
-            tier.note = known.describe()
+            tier.note = known.describe(self.rtol)
         if known is None and c.steps_done < WARM_STEPS:
             tier.considered = False  # weighed once its step time is measured
             tier.tried = [f for f in tier.tried if f != form]
@@ -180,8 +184,8 @@ class Tiers:
         True if the unit now runs ``multi``."""
         if verdict is not None:
             multistep.VERDICTS.put(key, verdict)
-        if verdict is not None and not (verdict.exact if self.forced else verdict.kept):
-            tier.note = verdict.describe()
+        if verdict is not None and not self.keeps(verdict):
+            tier.note = verdict.describe(self.rtol)
             tier.considered = False  # the next form, if any, is weighed at its next turn
             return False
         if not fits:
@@ -190,8 +194,13 @@ class Tiers:
         tier.multi = multi
         verdict = verdict or multistep.VERDICTS.get(key, multi.form)
         assert verdict is not None  # None was passed for a verdict the caller found in VERDICTS
-        tier.note, tier.step_s = verdict.describe(), verdict.multi_step_s or None
+        tier.note, tier.step_s = verdict.describe(self.rtol), verdict.multi_step_s or None
         return True
+
+    def keeps(self, verdict: Verdict) -> bool:
+        """Whether a unit runs a form with this verdict: bit-identical (or within the user's
+        ``rtol``) and faster, or only the former where the user named K."""
+        return verdict.usable(self.rtol, self.forced)
 
     def forget(self, job: Any) -> None:
         """The job ended: a compile in flight goes on (the program is shared), its result unused."""
