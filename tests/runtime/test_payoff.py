@@ -149,12 +149,11 @@ def test_a_group_measured_to_lose_dissolves_and_its_members_finish_alone_without
 def test_a_short_group_is_not_measured_a_long_or_open_ended_one_is():
     from types import SimpleNamespace
 
-    d = SimpleNamespace(tiers=SimpleNamespace(compile_estimate=lambda: 0.5),
-                        timeline=SimpleNamespace(flops_per_s=None))
+    compile_s = 0.5  # the tiers' estimate of the solo program's compile
 
     def group(left, step_s):
         return SimpleNamespace(steps_left=left, step_time_s=step_s)
 
-    assert not fusecheck._worth(d, group(392, 0.8e-3))   # the hook's 8 x 400: ~0.3 s left
-    assert fusecheck._worth(d, group(2992, 0.8e-3))      # 8 x 3000: ~2.4 s left
-    assert fusecheck._worth(d, group(None, 1e-6))        # runs until its data ends
+    assert not fusecheck._worth(compile_s, group(392, 0.8e-3))   # the hook's 8 x 400: ~0.3 s left
+    assert fusecheck._worth(compile_s, group(2992, 0.8e-3))      # 8 x 3000: ~2.4 s left
+    assert fusecheck._worth(compile_s, group(None, 1e-6))        # runs until its data ends

@@ -25,12 +25,21 @@ The parts, one job each, composed into ``Dispatcher``:
 * ``admission.Admission``  the ledger: admit, place, queue, swap to host and back;
 * ``groups.Groups``        fusion groups: open, join, adopt, grow, shrink, leave;
 * ``lifecycle.Lifecycle``  how jobs end: fail, finish, checkpoint, and ``end``, the one call;
+* ``rows.MetricsRows``     metrics rows on their way to the recorder, in batches;
 
 objects that own their state and import no jax (their device effects go through
-``placement.Placer``, ``group_device.GroupDevice`` and callables this class passes in), and the
-executing parts, still mixins over this class: ``executor.Executor`` (steps in flight:
-dispatch, retire, metrics rows) and ``multicall.MultiCalls`` / ``multigroup.GroupCalls`` (K-step
-calls). See docs/explanation/architecture.md.
+``placement.Placer``, ``group_device.GroupDevice`` and callables this class passes in); and the
+executing parts, objects too, given the parts they use:
+
+* ``source.Feeding``       which batches are made inline and which ahead; is a unit ready;
+* ``tiers.Tiers``          when to compile a K-step program, and what became of it;
+* ``fusecheck.FuseCheck``  whether a fused group pays; dissolving one that does not;
+* ``executor.Executor``    the steps in flight: dispatch, retire, metrics; it makes and runs
+  ``multicall.MultiCalls`` (K steps of a solo job per call, promotion) and
+  ``multigroup.GroupCalls`` (a fused group's step, one or K per call).
+
+This class keeps the loop (``_iterate``), the events and the controls. See
+docs/explanation/architecture.md.
 
 Per step the dispatcher does O(1) work: advance the plan's cursor, take the unit's batch, call
 the shared executable, retire the oldest in-flight step. Pipelining: up to ``1 + dispatch_ahead``
@@ -40,6 +49,7 @@ steps; on CPU small steps execute inline and retire at once.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import os
@@ -56,15 +66,15 @@ from . import evaluation
 from .admission import Admission
 from .events import Cancel, Control, Pause, Resume, SetPriority
 from .executor import Executor
+from .fusecheck import FuseCheck
 from .group_device import GroupDevice
 from .groups import Groups
 from .lifecycle import Lifecycle
-from .multicall import MultiCalls
-from .multigroup import GroupCalls
 from .placement import Placer, read_state, state_of
 from .planner import Planner
 from .records import JobRecord, Prepared, now_s
-from .source import FEED_ABOVE_S, FEED_ABOVE_S_CPU, produce
+from .rows import MetricsRows
+from .source import Feeding
 from .states import Event, JobState, transition
 from .tiers import Tiers
 from .units import Units
@@ -78,7 +88,7 @@ def debug_ownership_default() -> bool:
     return os.environ.get("XSHARE_DEBUG_OWNERSHIP", "") not in ("", "0")
 
 
-class Dispatcher(Executor, MultiCalls, GroupCalls):
+class Dispatcher:
     def __init__(self, *, policy: Any, arena: Any, device: Any, feeder: Any, recorder: Any,
                  timeline: Any, ring: int | None, t0: float, on_end: Callable[[JobRecord], None],
                  config: RuntimeConfig, capacity_source: str = "", ids: Iterator[int] | None = None,
@@ -88,18 +98,19 @@ class Dispatcher(Executor, MultiCalls, GroupCalls):
         self.feeder, self.recorder, self.timeline, self.ring = feeder, recorder, timeline, ring
         self.config, self.t0 = config, t0
         self.ids = ids if ids is not None else itertools.count()  # shared with jobs: group ids
-        self.background = submit  # the tier thread: K-step and solo programs compile there
         clock = now_s
-        self.units = Units()
-        self.planner = Planner(self.units, policy, timeline, quantum=config.quantum, slots=config.slots,
-                               t0=t0, clock=clock, ready=self._ready,
-                               owes=lambda unit: evaluation.owes(self, unit))
-        self.admission = Admission(self.units, arena, Placer(device, ring), recorder,
+        self.units = units = Units()
+        self.feeding = Feeding(feeder, device, prefetch=config.prefetch)
+        self.rows = MetricsRows(recorder, enabled=recorder.log_dir is not None)
+        self.planner = Planner(units, policy, timeline, quantum=config.quantum, slots=config.slots,
+                               t0=t0, clock=clock, ready=self.feeding.ready,
+                               owes=functools.partial(evaluation.owes, units))
+        self.admission = Admission(units, arena, Placer(device, ring), recorder,
                                    capacity_source=capacity_source,
                                    staging=self.config.prefetch + self.config.dispatch_ahead, t0=t0, clock=clock,
-                                   started=self._feed)
+                                   started=self.feeding.start)
         # Fusion groups (fused runtimes): the admission asks them first (groups.py).
-        self.groups = Groups(self.units, arena, self.admission, recorder,
+        self.groups = Groups(units, arena, self.admission, recorder,
                              GroupDevice(device, ring, config.staging), floor=config.group_capacity,
                              ids=self.ids, timeline=timeline, drain=self._drain_inflight,
                              measured=config.fuse_measured)
@@ -109,25 +120,28 @@ class Dispatcher(Executor, MultiCalls, GroupCalls):
         self.tiers = Tiers(device=device, submit=submit, max_k=config.steps_per_call,
                            forced=config.steps_forced, compile_estimate=compile_estimate,
                            rtol=config.steps_rtol)
-        self.life = Lifecycle(self.units, recorder, t0=t0, clock=clock,
+        self.life = Lifecycle(units, recorder, t0=t0, clock=clock,
                               checkpoint_dir=config.checkpoint_dir, read_state=read_state,
-                              forget=(self.admission.forget, self._forget_evaluation,
+                              forget=(self.admission.forget, functools.partial(evaluation.release, units),
                                       self.groups.forget, self.tiers.forget),
-                              release=self.admission.withdraw, flush=self._flush_rows_if_any,
-                              on_end=on_end)
+                              release=self.admission.withdraw, flush=self.rows.flush, on_end=on_end)
         self.admission.refuse = self.groups.abort = self.life.abort
+        self.fusecheck = FuseCheck(config=config, background=submit, timeline=timeline, tiers=self.tiers,
+                                   arena=arena, recorder=recorder, groups=self.groups,
+                                   admission=self.admission, drain=self._drain_inflight, device=device, ring=ring)
+        self.executor = executor = Executor(
+            units=units, planner=self.planner, life=self.life, tiers=self.tiers, rows=self.rows,
+            feeding=self.feeding, config=config, recorder=recorder, timeline=timeline, device=device,
+            ring=ring, arena=arena, tend=self.fusecheck.tend, cancel_soon=self._cancel_soon)
+        # The executor's hot entry points and its pipeline, bound once (the loop runs per step).
+        self._inflight = executor.inflight
+        self._dispatch, self._retire_oldest, self._retire = executor.dispatch, executor.retire_oldest, executor.retire
+        self._group_depth = executor.group_depth
         self._events: deque = deque()
-        self._inflight: deque = deque()
-        self._seq = 0
         self._draining = False
         self._exit = False
         self._idle = False
         self._wake = threading.Event()
-        self.fused_member_steps = 0                    # member steps run in fused groups, ever
-        self._log = recorder.log_dir is not None
-        self._last_retire_ns = 0
-        self._feed_above = FEED_ABOVE_S_CPU if device.platform == "cpu" else FEED_ABOVE_S
-        self._rows: list = []
         # Deployed models (deployed/hub.py Hub), set by Runtime.deploy; None until a model is
         # deployed, so a training-only runtime pays nothing for serving.
         self.serving: Any = None
@@ -191,7 +205,7 @@ class Dispatcher(Executor, MultiCalls, GroupCalls):
         if self._inflight:
             self._retire()
             return
-        self._flush_rows_if_any()
+        self.rows.flush()
         self._idle = True
         # Re-check after announcing idleness: a batch that landed in between has no one to wake.
         if self._events or (not self._draining and self.planner.next() is not None):
@@ -218,48 +232,13 @@ class Dispatcher(Executor, MultiCalls, GroupCalls):
                 fut.set_exception(err)
 
     # ------------------------------------------------------------------ what the parts ask
-    def _ready(self, unit: Any, make: bool) -> bool:
-        """Whether every member taking part in ``unit``'s next step has its batch (making the
-        missing ones if ``make``, as a plain loop would; for fed jobs the feeder is behind,
-        its thread was not scheduled: made here too rather than idle, unless the feeder is
-        making it right now). The members found are kept in ``unit.now`` for the dispatch that
-        follows at once (one walk over a group's slots per step, not three)."""
-        members = unit.stepping()
-        unit.now = None
-        if not members:
-            return False
-        for _, member in members:
-            if not member.batches:
-                if make and member.source is not None:
-                    produce(member, self.device, blocking=not self._fed(member))
-                if not member.batches:
-                    return False
-        unit.now = members
-        return True
+    def _drain_inflight(self) -> None:
+        """Retire every step in flight (groups and the fusion check ask before they copy)."""
+        self.executor.drain()
 
-    def _fed(self, job: JobRecord) -> bool:
-        """Whether the feeder threads make this job's batches ahead: for data slower than
-        ``FEED_ABOVE_S`` a batch on an accelerator; on CPU only for data slower than
-        ``FEED_ABOVE_S_CPU`` (I/O, decoding, a sleep), because there the step's own compute
-        keeps the cores busy and a feeder thread contends with the dispatcher for them and
-        the GIL: measured on 2 cores, a fused 8-MLP sweep whose ~0.1 ms batches were fed ran
-        at half the speed of the same sweep with its batches made inline."""
-        return job.data_s is not None and job.data_s > self._feed_above
-
-    def _feed(self, job: JobRecord) -> None:
-        """A job starts stepping: its feeder makes its first batches (admission's ``started``)."""
-        job.prefetch_depth = self.config.prefetch
-        want = self.config.prefetch - len(job.batches)
-        if want > 0 and job.source is not None and self._fed(job):
-            self.feeder.request(job, want)
-
-    def _forget_evaluation(self, job: JobRecord) -> None:
-        if job.eval is not None or job.id in self.units.evaluating:
-            evaluation.release(self, job)
-
-    def _flush_rows_if_any(self) -> None:
-        if self._rows:
-            self._flush_rows()
+    def _cancel_soon(self, job: JobRecord) -> None:
+        """Cancel ``job`` at the next step boundary (an ``on_metrics`` hook returned True)."""
+        self.post(self.cancel, job)
 
     # ------------------------------------------------------------------ events: jobs arrive
     def arrived(self, job: JobRecord) -> None:
@@ -399,6 +378,11 @@ class Dispatcher(Executor, MultiCalls, GroupCalls):
     @property
     def peak_in_flight_bytes(self) -> int:
         return self.admission.peak_in_flight_bytes
+
+    @property
+    def fused_member_steps(self) -> int:
+        """Member steps run in fused groups, ever (the executor's count)."""
+        return self.executor.fused_member_steps
 
 
 def _not_live(job: JobRecord, what: str) -> XShareError:

@@ -26,15 +26,17 @@ batches). Like the fused train step, a vmapped evaluation is within float tolera
 one, not bit-identical (measured: an 8-job fused sweep evaluated every 25 steps ran 3.8x
 longer than evaluated only at the end member by member, 1.04x with the shared pass).
 
-The dispatcher calls in at five places (``due``, ``owes``, ``run_batch``, ``data_ended``,
-``release``) and keeps ``dispatcher.evaluating`` (job id -> job owing an evaluation), so a
-runtime without evaluations pays one empty-dict test per step.
+The engine calls in at five places (``due``, ``owes``, ``run_batch``, ``data_ended``,
+``release``) and keeps ``Units.evaluating`` (job id -> job owing an evaluation), so a runtime
+without evaluations pays one empty-dict test per step. Who owes what is the units' tables
+alone; running eval batches needs a ``Host`` (the executor: the device, the lifecycle, the
+metrics rows, and a way to cancel a job at the next step boundary).
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol
 
 import jax
 import numpy as np
@@ -46,8 +48,23 @@ from ..compiled.leaves import layout_of
 from .placement import state_of
 from .source import END
 
+if TYPE_CHECKING:  # (annotations only: xshare._job imports this module to check eval_step)
+    from .lifecycle import Lifecycle
+    from .rows import MetricsRows
+    from .units import Units
+
 _NO_VALUES = np.zeros((0,), np.float32)  # a metrics row with eval metrics only
 group_passes = 0  # shared (vmapped) evaluations of fused members run in this process, ever
+
+
+class Host(Protocol):
+    """What running an evaluation needs of the engine (``executor.Executor`` is one)."""
+
+    units: Units
+    device: Any
+    life: Lifecycle
+    rows: MetricsRows
+    cancel_soon: Callable[[Any], None]  # cancel a job at the next step boundary (an event)
 
 
 # ----------------------------------------------------------------------------- per job
@@ -82,49 +99,50 @@ def prepare(spec: Any, device: Any) -> Evaluation | None:
     return Evaluation(spec.eval_step, spec.eval_data, spec.eval_every, spec.state, device)
 
 
-def due(d: Any, job: Any, step: int) -> None:
+def due(units: Units, job: Any, step: int) -> None:
     """After train step ``step`` (index) of ``job`` was dispatched: does it owe an evaluation?"""
     ev = job.eval
     if (ev.every and (step + 1) % ev.every == 0) or job.steps_left == 0:
-        _owe(d, job, step)
+        _owe(units, job, step)
 
 
-def data_ended(d: Any, job: Any) -> None:
+def data_ended(units: Units, job: Any) -> None:
     """Its data ran out: the end's evaluation, unless the last step's was already owed."""
     ev = job.eval
     last = job.spec.start_step + job.dispatched - 1
     if ev is not None and job.dispatched and ev.last_step != last and ev.owed_at != last:
-        _owe(d, job, last)
+        _owe(units, job, last)
 
 
-def _owe(d: Any, job: Any, step: int) -> None:
+def _owe(units: Units, job: Any, step: int) -> None:
     job.eval.owed_at = step
-    d.units.evaluating[job.id] = job
-    d.units.changed = True
+    units.evaluating[job.id] = job
+    units.changed = True
 
 
-def owes(d: Any, unit: Any) -> Any:
+def owes(units: Units, unit: Any) -> Any:
     """The job whose eval batch ``unit`` (a job or a fusion group) runs on its next turn."""
-    if not d.units.evaluating:
+    evaluating = units.evaluating
+    if not evaluating:
         return None
     members = getattr(unit, "members", None)
     if members is None:
-        return unit if unit.id in d.units.evaluating and unit.error is None else None
-    running = d.units.jobs.get
+        return unit if unit.id in evaluating and unit.error is None else None
+    running: Callable[[int], Any] = units.jobs.get
     for job in members:
-        if job.id in d.units.evaluating and job.error is None and running(job.id) is job \
+        if job.id in evaluating and job.error is None and running(job.id) is job \
                 and job.status == "running":
             return job
     return None
 
 
-def run_batch(d: Any, job: Any) -> None:
+def run_batch(d: Host, job: Any) -> None:
     """One eval batch of ``job``'s owed evaluation (starting the pass if it has not started);
     after the last batch, read the results and record them."""
     ev = job.eval
     step = ev.owed_at
     if job.group is not None and (ev.shared_pass is not None or ev.state is None):
-        if ev.shared_pass is not None or _start_group_pass(d, job):
+        if ev.shared_pass is not None or _start_group_pass(d.units, job):
             _group_batch(d, job)
             return
     if ev.state is None:
@@ -157,7 +175,7 @@ def run_batch(d: Any, job: Any) -> None:
         _complete(d, job)
 
 
-def _complete(d: Any, job: Any) -> None:
+def _complete(d: Host, job: Any) -> None:
     ev, step = job.eval, job.eval.owed_at
     names = ev.first.names
     try:
@@ -170,36 +188,35 @@ def _complete(d: Any, job: Any) -> None:
     job.device_time_s += (t_end - ev.t0) / 1e9
     ev.last = {f"eval/{n}": float(v) for n, v in zip(names, values.tolist())}
     ev.last_step = step
-    _end_pass(d, job)
-    if d._log:
-        d._rows.append((job, step, t_end / 1e9, _NO_VALUES, ev.last))
+    _end_pass(d.units, job)
+    d.rows.add(job, step, t_end / 1e9, _NO_VALUES, ev.last)
     notify(d, job, step + 1, ev.last)
     d.life.settle(job)
 
 
-def _end_pass(d: Any, job: Any) -> None:
+def _end_pass(units: Units, job: Any) -> None:
     ev = job.eval
     ev.owed_at, ev.state, ev.it, ev.next, ev.acc = None, None, None, END, []
-    d.units.evaluating.pop(job.id, None)
-    d.units.changed = True
+    units.evaluating.pop(job.id, None)
+    units.changed = True
 
 
-def _failed(d: Any, job: Any, cause: str, err: BaseException) -> None:
-    _end_pass(d, job)
+def _failed(d: Host, job: Any, cause: str, err: BaseException) -> None:
+    _end_pass(d.units, job)
     d.life.fail(job, cause, err)
     d.life.settle(job)
 
 
-def release(d: Any, job: Any) -> None:
+def release(units: Units, job: Any) -> None:
     """A job ended: drop what its evaluation holds (its last result stays for progress)."""
     ev = job.eval
-    d.units.evaluating.pop(job.id, None)
+    units.evaluating.pop(job.id, None)
     if ev is not None:
         ev.state = ev.it = ev.data = ev.fn = ev.shared_pass = None
         ev.acc = []
 
 
-def notify(d: Any, job: Any, steps_done: int, metrics: dict) -> None:
+def notify(d: Host, job: Any, steps_done: int, metrics: dict) -> None:
     """Hand ``metrics`` to the job's ``on_metrics`` hook; True from it cancels the job at this
     step boundary (an event, applied before the dispatcher dispatches anything else)."""
     fn = job.spec.on_metrics
@@ -211,7 +228,7 @@ def notify(d: Any, job: Any, steps_done: int, metrics: dict) -> None:
         d.life.fail(job, f"its on_metrics hook raised after step {steps_done}: {short_error(err)}", err)
         return
     if stop:
-        d.post(d.cancel, job)
+        d.cancel_soon(job)
 
 
 # ----------------------------------------------------------------------------- fused groups
@@ -228,12 +245,12 @@ class _GroupPass:
         self.t0 = time.monotonic_ns()
 
 
-def _start_group_pass(d: Any, lead: Any) -> bool:
+def _start_group_pass(units: Units, lead: Any) -> bool:
     """Start a shared pass led by ``lead`` if its group's owing members can share one: the same
     eval function, sequences of eval batches of one length and the compiled shapes, and the
     vmapped program compiled already (else each member is evaluated alone)."""
     group = lead.group
-    owing = [m for m in group.members if m.id in d.units.evaluating and m.error is None and m.eval is not None
+    owing = [m for m in group.members if m.id in units.evaluating and m.error is None and m.eval is not None
              and m.eval.state is None and m.eval.shared_pass is None and m.eval.fn is lead.eval.fn]
     if len(owing) < 2:
         return False
@@ -257,7 +274,7 @@ def _start_group_pass(d: Any, lead: Any) -> bool:
     return True
 
 
-def _group_batch(d: Any, lead: Any) -> None:
+def _group_batch(d: Host, lead: Any) -> None:
     gp = lead.eval.shared_pass
     group = lead.group
     if any(m.terminal or m.group is not group for m in gp.members) or group.capacity != gp.capacity:
@@ -295,8 +312,7 @@ def _group_batch(d: Any, lead: Any) -> None:
         m.device_time_s += (t_end - gp.t0) / 1e9 / len(gp.members)
         ev.last = {f"eval/{n}": float(v) for n, v in zip(gp.program.names, values[m.slot].tolist())}
         ev.last_step, ev.shared_pass = step, None
-        _end_pass(d, m)
-        if d._log:
-            d._rows.append((m, step, t_end / 1e9, _NO_VALUES, ev.last))
+        _end_pass(d.units, m)
+        d.rows.add(m, step, t_end / 1e9, _NO_VALUES, ev.last)
         notify(d, m, step + 1, ev.last)
         d.life.settle(m)

@@ -9,14 +9,15 @@ whose step costs each member more than a solo step would dissolves there: each m
 a lane of its own with its state and steps alone from its next step (same steps, same batches:
 its results do not change), provided the arena has room for all of them now; otherwise they stay
 fused. The verdict is kept, so later groups of the program do not open (and ``Runtime.explain``
-says why). Functions over the dispatcher, on its thread (as ``evaluation.py``).
+says why). ``FuseCheck`` is a part of the engine, given the parts it uses (the executor asks its
+``tend`` before a group's step); dispatcher thread only.
 """
 
 from __future__ import annotations
 
 import time
 from concurrent.futures import Future
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import jax
 import numpy as np
@@ -24,7 +25,14 @@ import numpy as np
 from ..compiled import fusion
 from ..compiled.multistep import VERDICTS
 from ..compiled.payoff import FUSION, FusionVerdict
+from ..config import RuntimeConfig
 from .group import Group
+from .multicall import call, scratch_ident
+
+if TYPE_CHECKING:
+    from .admission import Admission
+    from .groups import Groups
+    from .tiers import Tiers
 
 WARM_STEPS = 8   # group steps before it is measured (its first steps carry one-time costs)
 CALLS = 3        # timed calls each way; the fastest counts (the least disturbed by other threads)
@@ -32,80 +40,114 @@ SETTLED = True   # Group.payoff once measured (or known): nothing more to do
 MEASURE_AFTER = 2.0  # measure only a group with this many solo compiles' worth of steps left
 
 
-def tend(d: Any, group: Group) -> bool:
-    """Before a group step: start or finish its measurement. True if the group dissolved (its
-    members step alone from now; this turn runs nothing)."""
-    state = group.payoff
-    if state is None:
-        if group.steps_run < WARM_STEPS:
-            return False
-        if (not d.config.fuse_measured or d.background is None
-                or FUSION.get(group.program.key, group.capacity) is not None):
-            group.payoff = SETTLED
-            return False
-        if group.step_time_s is None:
-            d.timeline.drain()  # its steps' fence times (the recorder drains them only ~5x a second)
+class FuseCheck:
+    """Measures fused groups once and dissolves those that lose (see the module's docstring).
+
+    ``background(fn)``: run ``fn`` on the tier thread (None: no measurements); ``drain()``: retire
+    every step in flight (the copies are of a group's newest state)."""
+
+    def __init__(self, *, config: RuntimeConfig, background: Callable[[Callable[[], Any]], Future] | None,
+                 timeline: Any, tiers: Tiers, arena: Any, recorder: Any, groups: Groups,
+                 admission: Admission, drain: Callable[[], None], device: Any, ring: int | None):
+        self.config, self.background, self.timeline, self.tiers = config, background, timeline, tiers
+        self.arena, self.recorder, self.groups, self.admission = arena, recorder, groups, admission
+        self.drain, self.device, self.ring = drain, device, ring
+
+    def tend(self, group: Group) -> bool:
+        """Before a group step: start or finish its measurement. True if the group dissolved (its
+        members step alone from now; this turn runs nothing)."""
+        state = group.payoff
+        if state is None:
+            if group.steps_run < WARM_STEPS:
+                return False
+            if (not self.config.fuse_measured or self.background is None
+                    or FUSION.get(group.program.key, group.capacity) is not None):
+                group.payoff = SETTLED
+                return False
             if group.step_time_s is None:
-                return False  # not measured yet: its steps are still in flight
-        if not _worth(d, group):
-            group.payoff = SETTLED
+                self.timeline.drain()  # its steps' fence times (the recorder drains them only ~5x a second)
+                if group.step_time_s is None:
+                    return False  # not measured yet: its steps are still in flight
+            if not _worth(self.tiers.compile_estimate(), group):
+                group.payoff = SETTLED
+                return False
+            # The solo program (not compiled when every job of the program fused) compiles on the
+            # tier thread; the group steps on meanwhile.
+            group.payoff = self.background(group.program.ensure)
             return False
-        # The solo program (not compiled when every job of the program fused) compiles on the
-        # tier thread; the group steps on meanwhile.
-        group.payoff = d.background(group.program.ensure)
-        return False
-    if state is SETTLED or not state.done():
-        return False
-    group.payoff = SETTLED
-    verdict = measure(d, group, state)
-    if verdict is None or not verdict.loses(len(group.stepping()) or len(group.members)):
-        return False
-    return dissolve(d, group, verdict)
+        if state is SETTLED or not state.done():
+            return False
+        group.payoff = SETTLED
+        verdict = self.measure(group, state)
+        if verdict is None or not verdict.loses(len(group.stepping()) or len(group.members)):
+            return False
+        return self.dissolve(group, verdict)
+
+    def measure(self, group: Group, solo: Future) -> FusionVerdict | None:
+        """Time the fused and the solo program on copies (None: not measurable now: the solo
+        program failed to compile, no member has a state to copy, or the copy would not fit in
+        the arena)."""
+        if solo.exception() is not None or not group.members:
+            return None
+        self.drain()  # the copies are of the newest state
+        if not group.members or fusion.on_host(group.arrays):
+            return None
+        if sum(x.nbytes for x in group.arrays) > self.arena.free:
+            return None  # no room beside the group for a copy of its stack: keep it, unmeasured
+        slot = group.members[0].slot
+        scratch = scratch_ident(group, self.ring, self.device)
+        capacity = group.capacity
+        stacked = [np.zeros((capacity, *z.shape), z.dtype) for z in group.zero_batch]
+        mask = np.ones((capacity,), np.bool_)
+        fused_s = _fastest(lambda copy: group.fused.executable(
+            *((copy, (stacked, mask)) + ((scratch,) if scratch is not None else ()))),
+            [x.copy() for x in group.arrays])
+        solo_s = _fastest(lambda copy: call(group.program.executable, copy, [z.copy() for z in group.zero_batch],
+                                            scratch), list(fusion.take(group.fused, group.arrays, slot)))
+        # What one executable call costs beyond its work (the K-step checks measure it; CALL_S
+        # before any): a fused call pays it once for all its members. Not the timeline's host gap,
+        # which also holds the time the device waited for data.
+        per_call = VERDICTS.typical_call_s()
+        verdict = FusionVerdict(capacity, solo_s + per_call, fused_s + per_call)
+        FUSION.put(group.program.key, verdict)
+        members = len(group.members)
+        for job in group.members:
+            self.recorder.line(job, f"fusion measured: a fused step of {capacity} slots costs each of {members} "
+                                    f"members {verdict.member_step_s(members) * 1e6:.0f} us, its own step "
+                                    f"{verdict.solo_step_s * 1e6:.0f} us")
+        return verdict
+
+    def dissolve(self, group: Group, verdict: FusionVerdict) -> bool:
+        """Every member leaves ``group`` for a lane of its own, if all of them fit in the arena
+        now (False: they stay fused, and a line in their logs says why)."""
+        members = group.members
+        staging = self.config.prefetch + self.config.dispatch_ahead
+        footprints = [group.program.with_staging(staging) for _ in members]
+        need = sum(fp.resident + fp.ephemeral for fp in footprints)
+        if self.arena.queue or need > self.arena.free:
+            for job in members:
+                self.recorder.line(job, f"{verdict.why_not(len(members))}; its members stay fused: the arena "
+                                        "has no room for each alone now")
+            return False
+        states = [list(fusion.take(group.fused, group.arrays, job.slot)) for job in members]
+        self.groups.dissolve(group)
+        for job, fp, state in zip(members, footprints, states):
+            job.footprint, job.host_arrays = fp, state
+            self.recorder.line(job, f"left {group.name} to step alone: {verdict.why_not(len(members))}")
+            self.admission.rehome(job)
+        return True
 
 
-def _worth(d: Any, group: Group) -> bool:
+def _worth(compile_s: float, group: Group) -> bool:
     """Whether measuring can pay: the group has at least ``MEASURE_AFTER`` times the solo
-    program's compile left to run (an open-ended group always has). On this 2-core machine the
-    compile competes with the group for the cores, so a short group (the hook's 8 x 400 steps:
-    ~0.3 s left) is left fused, unmeasured; the verdict comes from a longer run of the program."""
+    program's compile (``compile_s``, the tiers' estimate) left to run (an open-ended group
+    always has). On this 2-core machine the compile competes with the group for the cores, so a
+    short group (the hook's 8 x 400 steps: ~0.3 s left) is left fused, unmeasured; the verdict
+    comes from a longer run of the program."""
     left, step_s = group.steps_left, group.step_time_s
     if left is None:
         return True
-    return step_s is not None and left * step_s >= MEASURE_AFTER * d.tiers.compile_estimate()
-
-
-def measure(d: Any, group: Group, solo: Future) -> FusionVerdict | None:
-    """Time the fused and the solo program on copies (None: not measurable now: the solo program
-    failed to compile, no member has a state to copy, or the copy would not fit in the arena)."""
-    if solo.exception() is not None or not group.members:
-        return None
-    d._drain_inflight()  # the copies are of the newest state
-    if not group.members or fusion.on_host(group.arrays):
-        return None
-    if sum(x.nbytes for x in group.arrays) > d.arena.free:
-        return None  # no room beside the group for a copy of its stack: keep it, unmeasured
-    slot = group.members[0].slot
-    scratch = d._scratch_ident(group)
-    capacity = group.capacity
-    stacked = [np.zeros((capacity, *z.shape), z.dtype) for z in group.zero_batch]
-    mask = np.ones((capacity,), np.bool_)
-    fused_s = _fastest(lambda copy: group.fused.executable(
-        *((copy, (stacked, mask)) + ((scratch,) if scratch is not None else ()))),
-        [x.copy() for x in group.arrays])
-    solo_s = _fastest(lambda copy: d._call(group.program.executable, copy, [z.copy() for z in group.zero_batch],
-                                           scratch), list(fusion.take(group.fused, group.arrays, slot)))
-    # What one executable call costs beyond its work (the K-step checks measure it; CALL_S
-    # before any): a fused call pays it once for all its members. Not the timeline's host gap,
-    # which also holds the time the device waited for data.
-    call = VERDICTS.typical_call_s()
-    verdict = FusionVerdict(capacity, solo_s + call, fused_s + call)
-    FUSION.put(group.program.key, verdict)
-    members = len(group.members)
-    for job in group.members:
-        d.recorder.line(job, f"fusion measured: a fused step of {capacity} slots costs each of {members} "
-                             f"members {verdict.member_step_s(members) * 1e6:.0f} us, its own step "
-                             f"{verdict.solo_step_s * 1e6:.0f} us")
-    return verdict
+    return step_s is not None and left * step_s >= MEASURE_AFTER * compile_s
 
 
 def _fastest(call: Any, arrays: list) -> float:
@@ -117,24 +159,3 @@ def _fastest(call: Any, arrays: list) -> float:
         jax.block_until_ready(arrays)
         best = min(best, time.perf_counter() - t0)
     return best
-
-
-def dissolve(d: Any, group: Group, verdict: FusionVerdict) -> bool:
-    """Every member leaves ``group`` for a lane of its own, if all of them fit in the arena now
-    (False: they stay fused, and a line in their logs says why)."""
-    members = group.members
-    staging = d.config.prefetch + d.config.dispatch_ahead
-    footprints = [group.program.with_staging(staging) for _ in members]
-    need = sum(fp.resident + fp.ephemeral for fp in footprints)
-    if d.arena.queue or need > d.arena.free:
-        for job in members:
-            d.recorder.line(job, f"{verdict.why_not(len(members))}; its members stay fused: the arena "
-                                 "has no room for each alone now")
-        return False
-    states = [list(fusion.take(group.fused, group.arrays, job.slot)) for job in members]
-    d.groups.dissolve(group)
-    for job, fp, state in zip(members, footprints, states):
-        job.footprint, job.host_arrays = fp, state
-        d.recorder.line(job, f"left {group.name} to step alone: {verdict.why_not(len(members))}")
-        d.admission.rehome(job)
-    return True

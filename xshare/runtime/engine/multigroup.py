@@ -1,4 +1,5 @@
-"""The dispatcher's multi-step calls for fused groups: K group steps in one executable call.
+"""Fused groups' steps: one group step (every stepping member's batch, stacked, idle slots
+masked), and K group steps in one executable call.
 
 The same tiers as a solo job's (``tiers.py``, ``multicall.py``), for a group's program at its
 capacity: after its warm-up steps the group's K-step program compiles in the background, is
@@ -6,46 +7,124 @@ checked against K single group steps from one copy of the stack (bit for bit) an
 and the group moves to it at a step boundary. A call runs K steps of every member that steps
 in it (one mask for all K), so K never passes any stepping member's boundary or the batches it
 has ready. A group that grows or shrinks (another capacity) starts again at one step per call.
+``GroupCalls`` runs them on the executor's pipeline (``executor.Executor``, which makes it;
+dispatcher thread only).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
 
 from ...sched import steps as ksteps
 from . import evaluation
-from ..compiled import multistep
+from ..compiled import fusion, multistep
 from ..causes import short_error
+from ..config import RuntimeConfig
 from .group import Group
 from ..compiled.multistep import MultiStep, Verdict
-from .multicall import _done
-from .tiers import Candidate, typical_step_s
+from .lifecycle import Lifecycle
+from .multicall import MultiCalls, _done, call, compare, scratch_ident
+from .records import JobRecord
+from .source import END, DataError, Feeding
+from .tiers import Candidate, Tiers, typical_step_s
+from .units import Units
+
+if TYPE_CHECKING:  # (the executor makes this part and hands itself in: a cycle for types only)
+    from .executor import Executor
 
 
 class GroupCalls:
-    """Multi-step calls of fused groups. A part of ``Dispatcher`` (dispatcher thread only)."""
+    """Fused groups' steps, one or K per call, and their promotion. ``pipeline``: the executor
+    whose steps in flight they join; ``multi``: the solo jobs' K-step calls (each member's
+    boundaries and ready batches)."""
 
-    def _group_tier(self, group: Group, li: int, pos: int) -> bool:
+    def __init__(self, pipeline: Executor, multi: MultiCalls, *, units: Units, life: Lifecycle,
+                 tiers: Tiers, feeding: Feeding, config: RuntimeConfig, recorder: Any, timeline: Any,
+                 device: Any, ring: int | None, arena: Any):
+        self.pipeline, self.multi, self.units, self.life, self.tiers = pipeline, multi, units, life, tiers
+        self.feeder, self._fed = feeding.feeder, feeding.fed
+        self.config, self.recorder, self.timeline = config, recorder, timeline
+        self.device, self.ring, self.arena = device, ring, arena
+
+    def step(self, group: Group, li: int, pos: int) -> None:
+        """One fused step: every stepping member's own batch, stacked; idle slots masked."""
+        capacity = group.capacity
+        taken: dict[int, tuple[JobRecord, int, list]] = {}
+        members, group.now = group.now or group.stepping(), None
+        for slot, job in members:
+            batch = job.batches.popleft()
+            if batch is END or isinstance(batch, DataError):
+                self.pipeline.dispatch_marker(job, batch)
+                continue
+            step = job.spec.start_step + job.dispatched
+            bad = _shape_mismatch(batch, group.zero_batch)
+            if bad:
+                self.life.fail(job, f"batch {step} does not match the compiled step: {bad}")
+                self.life.settle(job)
+                continue
+            if self._fed(job):
+                self.feeder.request(job)
+            taken[slot] = (job, step, batch)
+        if not taken:
+            self.units.changed = True
+            return
+        mask = np.zeros((capacity,), np.bool_)
+        mask[list(taken)] = True
+        stacked = [np.stack([taken[s][2][i] if s in taken else zero for s in range(capacity)])
+                   for i, zero in enumerate(group.zero_batch)]
+        if fusion.on_host(group.arrays):  # its first step: the stack its members joined goes over
+            group.arrays = jax.device_put(group.arrays, self.device)
+        t = time.monotonic_ns()
+        try:
+            args = (group.arrays, (stacked, mask)) + ((group.ident,) if group.ident is not None else ())
+            outs = group.fused.executable(*args)
+        except Exception as err:  # noqa: BLE001 - an error inside the fused step
+            # The step's donated inputs, the whole stack, are gone with it: every member fails,
+            # the paused ones too (their slots were in the stack). The group dissolves as the
+            # last one leaves (Lifecycle.end -> Groups.leave).
+            for job in group.members:
+                self.life.fail(job, f"fused step of {group.name} raised: {short_error(err)}", err)
+                self.life.settle(job)
+            return
+        group.arrays = outs[0]
+        group.steps_run += 1
+        group.fused_member_steps += len(taken)
+        self.pipeline.fused_member_steps += len(taken)
+        group.in_flight += 1
+        steps = {}
+        for slot, (job, step, _) in taken.items():
+            job.dispatched += 1
+            job.in_flight += 1
+            if job.eval is not None:
+                evaluation.due(self.units, job, step)
+            # (A member whose last step this is stays masked in later group steps, so its
+            # final state can be read from its slot whenever it is retired: see placement.state_of.)
+            steps[slot] = (job, step)
+        self.pipeline.took_turn(group, li, pos)
+        self.pipeline.inflight.append((group, steps, outs[1], t, 1))
+        self.pipeline.checkpoint_members(steps, 1)
+
+    def tier_turn(self, group: Group, li: int, pos: int) -> bool:
         """A group's turn at its tiers: True if this turn's steps ran here."""
         tier = group.tier
         if tier.capacity != group.capacity:  # grown or shrunk: another program
             group.tier = None
             return False
         if tier.pending is not None and tier.pending.done():
-            return self._promote_group(group, li, pos)
+            return self.promote(group, li, pos)
         if tier.multi is not None:
-            k = self._group_steps_this_call(group, tier.available())
+            k = self.steps_this_call(group, tier.available())
             if k > 1:
-                self._dispatch_group_multi(group, li, pos, k)
+                self.dispatch(group, li, pos, k)
                 return True
         return False
 
-    def _group_steps_this_call(self, group: Group, available: tuple[int, ...]) -> int:
+    def steps_this_call(self, group: Group, available: tuple[int, ...]) -> int:
         members = group.stepping()
         if not members:
             return 1
@@ -55,19 +134,19 @@ class GroupCalls:
             cap = max(ksteps.preemptive_cap(step_s, ksteps.QUANTUM_S / (1 + self.config.dispatch_ahead)), self.config.quantum)
         k = max(available)
         for _, job in members:
-            bounds = dataclasses.replace(self._bounds(job), cap=cap)
+            bounds = dataclasses.replace(self.multi.bounds(job), cap=cap)
             k = min(k, ksteps.steps_per_call(bounds, available))
             if k == 1:
                 return 1
         for _, job in members:
-            ready = self._ready_batches(job, k)
+            ready = self.multi.ready_batches(job, k)
             if ready < k:
                 k = ksteps.steps_per_call(ksteps.Bounds(ready=ready), available)
                 if k == 1:
                     return 1
         return k
 
-    def _take_group_batches(self, group: Group, k: int) -> tuple[dict, list, np.ndarray] | None:
+    def take_batches(self, group: Group, k: int) -> tuple[dict, list, np.ndarray] | None:
         """Every stepping member's next ``k`` batches, stacked (k, capacity, ...) per leaf, with
         the slot mask; None (nothing taken) if a member's batch does not have the compiled shape
         (the one-step path then fails that member alone)."""
@@ -98,30 +177,31 @@ class GroupCalls:
             stacked.append(out)
         return taken, stacked, mask
 
-    def _dispatch_group_multi(self, group: Group, li: int, pos: int, k: int) -> None:
-        got = self._take_group_batches(group, k)
+    def dispatch(self, group: Group, li: int, pos: int, k: int) -> None:
+        """K steps of ``group`` in one call of its K-step program."""
+        got = self.take_batches(group, k)
         if got is None:
-            self._dispatch_group(group, li, pos)
+            self.step(group, li, pos)
             return
         taken, stacked, mask = got
         group.now = None
         t = time.monotonic_ns()
         try:
-            outs = self._call(group.tier.multi.executable, group.arrays, (stacked, mask), group.ident)
+            outs = call(group.tier.multi.executable, group.arrays, (stacked, mask), group.ident)
         except Exception as err:  # noqa: BLE001 - as a fused step's error: its stack is gone
             for job in group.members:
                 self.life.fail(job, f"fused steps of {group.name} raised: {short_error(err)}", err)
                 self.life.settle(job)
             return
         group.arrays = outs[0]
-        self._group_stepped(group, li, pos, taken, outs[1], t, k)
+        self._stepped(group, li, pos, taken, outs[1], t, k)
         group.tier.steps_at[k] = group.tier.steps_at.get(k, 0) + k
 
-    def _group_stepped(self, group: Group, li: int, pos: int, taken: dict, rows: Any, t: int, k: int) -> None:
+    def _stepped(self, group: Group, li: int, pos: int, taken: dict, rows: Any, t: int, k: int) -> None:
         """Account ``k`` dispatched group steps of the members in ``taken``."""
         group.steps_run += k
         group.fused_member_steps += k * len(taken)
-        self.fused_member_steps += k * len(taken)
+        self.pipeline.fused_member_steps += k * len(taken)
         group.in_flight += 1
         steps = {}
         for slot, (job, step, _) in taken.items():
@@ -133,26 +213,20 @@ class GroupCalls:
                 if group.tier is not None and group.tier.note:
                     member.note = f"in {group.name}: {group.tier.note}"
             if job.eval is not None:
-                evaluation.due(self, job, step + k - 1)
+                evaluation.due(self.units, job, step + k - 1)
             steps[slot] = (job, step)
-        self._took_turn(group, li, pos)
-        self._inflight.append((group, steps, rows, t, k))
-        due = [job for job, step in steps.values() if self.config.checkpoint_every and job.steps_left
-               and (step + k) % self.config.checkpoint_every == 0 and not self.recorder.saving(job)]
-        if due:
-            self._drain_inflight()
-            for job in due:
-                if job.error is None and not job.terminal:
-                    self.life.save(job, done=False)
+        self.pipeline.took_turn(group, li, pos)
+        self.pipeline.inflight.append((group, steps, rows, t, k))
+        self.pipeline.checkpoint_members(steps, k)
 
     # ------------------------------------------------------------------ promotion
-    def _consider_group(self, group: Group) -> None:
+    def consider(self, group: Group) -> None:
         members = [job for _, job in group.stepping()]
         if not members:
             return
         program, capacity, device = group.program, group.capacity, self.device
         lefts = [job.steps_left for job in members]
-        periods = [p for p in (self._period(job) for job in members) if p is not None]
+        periods = [p for p in (self.multi.period(job) for job in members) if p is not None]
         tier = self.tiers.tier(group)
         if tier.capacity is None:
             tier.capacity = capacity
@@ -164,7 +238,7 @@ class GroupCalls:
             gap_s=group.host_gap_s if group.host_gap_s is not None else self.timeline.host_gap_s,
             period=min(periods) if periods else None))
 
-    def _promote_group(self, group: Group, li: int, pos: int) -> bool:
+    def promote(self, group: Group, li: int, pos: int) -> bool:
         multi = self.tiers.take(group)
         if multi is None:
             return False
@@ -176,42 +250,42 @@ class GroupCalls:
                               self._group_room(group, multi) if keep else False)
             return False
         k = multi.k
-        if self._group_steps_this_call(group, (1, k)) < k:
+        if self.steps_this_call(group, (1, k)) < k:
             group.tier.pending = _done(multi)  # no room for K steps at this turn: at a later one
             return False
-        self._drain_inflight()
-        if not group.stepping() or self._group_steps_this_call(group, (1, k)) < k:
+        self.pipeline.drain()
+        if not group.stepping() or self.steps_this_call(group, (1, k)) < k:
             group.tier.pending = _done(multi)
             return False
-        got = self._take_group_batches(group, k)
+        got = self.take_batches(group, k)
         if got is None:
             group.tier.pending = _done(multi)
             return False
-        verdict = self._check_group(group, li, pos, multi, *got)
+        verdict = self._check(group, li, pos, multi, *got)
         keep = self.tiers.keeps(verdict)
         self.tiers.settle(group.tier, key, multi, verdict, self._group_room(group, multi) if keep else False)
         for job in group.members:
             self.recorder.line(job, f"programs of {group.name}: {group.tier.note}")
         return True
 
-    def _check_group(self, group: Group, li: int, pos: int, multi: MultiStep, taken: dict,
+    def _check(self, group: Group, li: int, pos: int, multi: MultiStep, taken: dict,
                      stacked: list, mask: np.ndarray) -> Verdict:
         k = multi.k
         copies = [[x.copy() for x in group.arrays] for _ in range(2)]
-        scratch = self._scratch_ident(group)
+        scratch = scratch_ident(group, self.ring, self.device)
         arrays, rows = group.arrays, []
         t = time.monotonic_ns()
         t0 = time.perf_counter()
         for i in range(k):
-            arrays, vec = self._call(group.fused.executable, arrays, ([x[i] for x in stacked], mask), group.ident)
+            arrays, vec = call(group.fused.executable, arrays, ([x[i] for x in stacked], mask), group.ident)
             rows.append(vec)
         jax.block_until_ready(arrays)
         single_s = (time.perf_counter() - t0) / k
         group.arrays = arrays
         values = np.stack([np.asarray(v) for v in rows])
-        self._group_stepped(group, li, pos, taken, values, t, k)
+        self._stepped(group, li, pos, taken, values, t, k)
         group.tier.steps_at[1] = group.tier.steps_at.get(1, 0) + k
-        verdict = self._compare(multi, copies, (stacked, mask), scratch, arrays, values)
+        verdict = compare(multi, copies, (stacked, mask), scratch, arrays, values)
         return dataclasses.replace(verdict, single_step_s=single_s)
 
     def _group_room(self, group: Group, multi: MultiStep) -> bool:
@@ -227,4 +301,16 @@ def _group_key(group: Group) -> str:
     return f"{group.program.key}/fused{group.capacity}"
 
 
-
+def _shape_mismatch(batch: list, like: list) -> str | None:
+    """Why a member's batch cannot be stacked with its group's (None if it can)."""
+    # Per member per group step: the common case (arrays of exactly the compiled shape and
+    # dtype) is decided by comparing attributes, without numpy's shape/dtype conversions.
+    if len(batch) == len(like) and all(
+            getattr(x, "shape", None) == z.shape and getattr(x, "dtype", None) == z.dtype
+            for x, z in zip(batch, like)):
+        return None
+    for i, (x, z) in enumerate(zip(batch, like)):
+        if np.shape(x) != z.shape or np.dtype(getattr(x, "dtype", None)) != z.dtype:
+            return (f"leaf {i} is {np.dtype(getattr(x, 'dtype', None))}{list(np.shape(x))}, "
+                    f"expected {z.dtype}{list(z.shape)}")
+    return None
