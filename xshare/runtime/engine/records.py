@@ -55,7 +55,7 @@ class Unit(Protocol):
 
     id: int                  # unique among jobs and groups (one id space)
     is_group: bool           # a fused group (its step runs its members' steps stacked)
-    now: Any                 # the members ready for its next step (set by the dispatcher's _ready)
+    now: Any                 # the members ready for its next step (set by source.Feeding.ready)
     lane: int | None
     priority: int
     last_seq: int            # the dispatcher's sequence number of its latest step

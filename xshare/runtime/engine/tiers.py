@@ -9,8 +9,9 @@ from the same state and the same batches end bit-identical, and the K-step call 
 step. Otherwise the job stays where it was, and ``explain()`` says why.
 
 Who does what: ``Tiers`` (this object, owned by the dispatcher) decides when to compile and
-keeps each job's ``JobTier``; the executor runs the check's steps and the K-step calls. The
-arithmetic of the decisions is pure, in ``xshare/sched/steps.py``.
+keeps each job's ``JobTier``; ``multicall.MultiCalls`` and ``multigroup.GroupCalls`` run the
+check's steps and the K-step calls. The arithmetic of the decisions is pure, in
+``xshare/sched/steps.py``.
 """
 
 from __future__ import annotations
