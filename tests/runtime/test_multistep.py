@@ -170,6 +170,27 @@ def test_deviation_is_relative_to_each_leaf_and_exact_for_what_is_not_a_float():
     assert not slower.usable(None) and slower.usable(None, forced=True)
 
 
+def test_an_inexact_verdict_from_before_deviations_were_kept_is_checked_again_under_a_tolerance(monkeypatch):
+    """A verdict row without a deviation (written before they were kept) cannot say whether it is
+    within a tolerance: under one, the form compiles and is checked again; without, it is skipped."""
+    import math
+    from concurrent.futures import Future
+
+    from xshare.runtime.engine.tiers import Candidate, JobTier, Tiers
+
+    monkeypatch.setattr(multistep, "VERDICTS", multistep.Verdicts())
+    form = FORMS[0]
+    multistep.VERDICTS.put("k", multistep.Verdict(form, False, 2e-4, 1e-4, why="differs", deviation=math.nan))
+    c = Candidate(key="k", compile=lambda f: None, steps_done=100, step_s=1e-4, steps_left=10_000,
+                  gap_s=None, period=None)
+    for rtol, rechecked in ((1e-3, True), (None, False)):
+        tiers = Tiers(device=None, submit=lambda fn: Future(), max_k=32, compile_estimate=lambda: None,
+                      forced=True, rtol=rtol)
+        tier = JobTier()
+        tiers.consider(tier, c)
+        assert (tier.form == form) is rechecked, (rtol, tier.form, tier.note)
+
+
 @pytest.mark.parametrize("bad", [-1e-3, 1.0, "loose", True])
 def test_steps_per_call_rtol_refuses_a_bad_value(bad):
     with pytest.raises(ValueError, match=r"steps_per_call_rtol=.* must be a float in \[0, 1\)"):

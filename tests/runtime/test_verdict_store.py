@@ -108,13 +108,15 @@ def test_a_verdicts_json_written_before_the_table_still_loads(tmp_path):
     v = Verdicts()
     v.persist(str(tmp_path))
     assert v.get("p1", Form(8, False)) == Verdict(Form(8, False), True, 1e-4, 5e-5, "")
-    assert v.get("p1", Form(4, True)) == Verdict(Form(4, True), False, 1e-4, 8e-5, "state leaf 0 differs")
+    old_inexact = v.get("p1", Form(4, True))  # how far apart it was is unknown: NaN, checked again under a tolerance
+    assert old_inexact == Verdict(Form(4, True), False, 1e-4, 8e-5, "state leaf 0 differs", old_inexact.deviation)
+    assert not old_inexact.measured and not old_inexact.usable(1e-3)
     assert v.get("p2", Form(2, False)) == Verdict(Form(2, False), True, 2e-5, 1e-5, "")
     assert len(v.of("p1")) == 2
     v.put("p3", Verdict(Form(16, False), True, 3e-5, 1e-5))
     rows = json.loads((tmp_path / multistep.FILE).read_text())
     assert rows[-1] == {"program": "p3", "k": 16, "unroll": False, "exact": True, "single_step_s": 3e-5,
-                        "multi_step_s": 1e-5, "why": ""}
+                        "multi_step_s": 1e-5, "why": "", "deviation": 0.0}
     assert len(rows) == 4
 
 

@@ -154,8 +154,13 @@ class Verdict:
     multi_step_s: float
     why: str = ""
     # The largest difference found, relative to its leaf's largest magnitude (``deviation``):
-    # 0.0 when bit-identical, inf when not comparable (it raised, a shape, an int or a NaN differs).
+    # 0.0 when bit-identical, inf when not comparable (it raised, a shape, an int or a NaN differs),
+    # NaN when not measured (a verdict kept before deviations were: ``measured``).
     deviation: float = 0.0
+
+    @property
+    def measured(self) -> bool:
+        return not math.isnan(self.deviation)
 
     @property
     def faster(self) -> bool:
@@ -229,17 +234,22 @@ def _decode(r: dict[str, Any]) -> tuple[tuple[str, Form], Verdict]:
     """One row of ``verdicts.json``: the program key, the form and what its check found."""
     form = Form(int(r["k"]), bool(r["unroll"]))
     exact = bool(r["exact"])
-    # (rows written before deviations were kept: an inexact one is not comparable)
-    deviation = r.get("deviation", 0.0 if exact else None)
-    deviation = math.inf if deviation is None else float(deviation)
+    # A row without "deviation" was written before deviations were kept: an inexact one's is
+    # unknown (NaN: checked again under a tolerance); null is inf (not comparable).
+    if "deviation" not in r:
+        deviation = 0.0 if exact else math.nan
+    else:
+        deviation = math.inf if r["deviation"] is None else float(r["deviation"])
     return (str(r["program"]), form), Verdict(form, exact, float(r["single_step_s"]),
                                               float(r["multi_step_s"]), str(r.get("why", "")), deviation)
 
 
 def _encode(key: tuple[str, Form], v: Verdict) -> dict[str, Any]:
-    return {"program": key[0], "k": v.form.k, "unroll": v.form.unroll, "exact": v.exact,
-            "single_step_s": v.single_step_s, "multi_step_s": v.multi_step_s, "why": v.why,
-            "deviation": v.deviation if math.isfinite(v.deviation) else None}
+    row: dict[str, Any] = {"program": key[0], "k": v.form.k, "unroll": v.form.unroll, "exact": v.exact,
+                           "single_step_s": v.single_step_s, "multi_step_s": v.multi_step_s, "why": v.why}
+    if v.measured:  # (an unmeasured one keeps its row without it, as it was read)
+        row["deviation"] = v.deviation if math.isfinite(v.deviation) else None
+    return row
 
 
 VERDICTS = Verdicts()
