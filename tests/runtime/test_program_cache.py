@@ -9,7 +9,9 @@ import pytest
 import jax.numpy as jnp
 
 import xshare
+from xshare.runtime.compiled import compiler
 from xshare.runtime.compiled.compiler import PROGRAMS
+from xshare.runtime.compiled.promotions import Promotions
 from tests.helpers import assert_trees_equal, linreg_data, linreg_state, plain_loop
 
 
@@ -114,12 +116,14 @@ def test_steps_that_differ_only_in_their_host_callback_never_share_a_program():
 
 @pytest.mark.parametrize("options", [{"policy": "pack", "steps_per_call": 8}, {"policy": "pack", "fuse": "always"}],
                          ids=["solo", "fused"])
-def test_the_users_step_is_traced_twice_for_a_sweep_whatever_is_built_on_it(options):
+def test_the_users_step_is_traced_twice_for_a_sweep_whatever_is_built_on_it(options, monkeypatch):
     # flax's TrainState carries ``step`` as a Python int that apply_gradients increments: the
     # first trace learns it must be an array (as jax.jit would carry it), the second traces
     # with it. Nothing after that runs the user's Python again: not the later jobs of the
     # sweep, not the fenced program, not the K-step scans the jobs are promoted to, not a
-    # fused group's vmap (they replay the jaxpr).
+    # fused group's vmap (they replay the jaxpr). (Nothing known of this step beforehand: a
+    # later process traces it once, see the hint tests below.)
+    monkeypatch.setattr(compiler, "PROMOTIONS", Promotions())
     traces = []
 
     def step(state, batch):
@@ -145,3 +149,70 @@ def test_the_users_step_is_traced_twice_for_a_sweep_whatever_is_built_on_it(opti
         ref = plain_loop(spec)[0]
         assert int(final["n"]) == int(ref["n"]) == 400
         assert_trees_equal(final["w"], ref["w"])
+
+
+def _counting_step(traces, *, changes_n=True, loops_on_n=False):
+    def step(state, batch):
+        traces.append(type(state["n"]).__name__)
+        if loops_on_n:  # Python control flow on the number: it can only be static
+            for _ in range(state["n"] % 2):
+                pass
+        w = state["w"] - 0.01 * jax.grad(lambda w: jnp.mean((batch["x"] @ w - batch["y"]) ** 2))(state["w"])
+        return {"w": w, "n": state["n"] + 1 if changes_n else state["n"]}, {"loss": jnp.sum(w)}
+    return step
+
+
+def _sweep(step, traces, n=3, steps=30, plain=True):
+    """Run a sweep of ``step`` (whose traces ``traces`` records) in a Runtime; the traces it
+    took, and its handles, each checked against the plain loop (whose own trace is not counted;
+    ``plain=False``: a step jax.jit cannot trace, not checked here)."""
+    job = xshare.job(step, name="hinted")  # a new Job: nothing in the trace memo (as a new process)
+    specs = [job.bind({"w": linreg_state(dim=4, seed=i)["w"], "n": 0}, linreg_data(dim=4, seed=i),
+                      steps=steps, name=f"h{i}") for i in range(n)]
+    traces.clear()
+    with xshare.Runtime(memory="256MiB", policy="pack") as rt:
+        handles = rt.submit_many(specs)
+        rt.wait()
+    taken = list(traces)
+    for spec, h in zip(specs, handles):
+        if plain:
+            assert_trees_equal(h.result()[0], plain_loop(spec)[0])
+    return taken, handles
+
+
+def test_a_step_whose_promotion_was_learned_before_is_traced_once(tmp_path, monkeypatch):
+    """What one process learned (``promotions.json`` beside the compilation cache) spares the
+    next its wasted first trace; the program and the results are the same."""
+    monkeypatch.setattr(compiler, "PROMOTIONS", Promotions())
+    compiler.PROMOTIONS.persist(str(tmp_path))
+    traces: list = []
+    step = _counting_step(traces)
+    taken, _ = _sweep(step, traces)
+    assert taken == ["int", "DynamicJaxprTracer"], taken
+    assert (tmp_path / "promotions.json").exists()
+    monkeypatch.setattr(compiler, "PROMOTIONS", Promotions())  # a new process, the same cache
+    compiler.PROMOTIONS.persist(str(tmp_path))
+    taken, _ = _sweep(step, traces)
+    assert taken == ["DynamicJaxprTracer"], taken
+
+
+@pytest.mark.parametrize("kind", ["passes_it_through", "loops_on_it"])
+def test_a_hint_the_step_does_not_bear_out_is_dropped_and_the_program_is_the_hint_free_one(kind, monkeypatch):
+    """A hint naming a number the step passes through unchanged (or cannot take as an array:
+    Python control flow on it) is not followed: the number stays static, as with no hint."""
+    monkeypatch.setattr(compiler, "PROMOTIONS", Promotions())
+    traces: list = []
+    step = _counting_step(traces, changes_n=False, loops_on_n=kind == "loops_on_it")
+    state = {"n": 0, "w": linreg_state(dim=4, seed=0)["w"]}  # the sweep's state shape
+    compiler.PROMOTIONS.learn(step, state, frozenset({0}))  # "n" is leaf 0 (dict keys sorted)
+    assert compiler.PROMOTIONS.hint(step, state) == frozenset({0})
+    plain = kind == "passes_it_through"  # (jax.jit cannot trace a Python loop on a traced n)
+    taken, handles = _sweep(step, traces, plain=plain)
+    assert taken == ["DynamicJaxprTracer", "int"], taken  # hinted first, then hint-free
+    assert compiler.PROMOTIONS.hint(step, state) == frozenset()  # and it is forgotten
+    assert all(type(h.result()[0]["n"]) is int for h in handles)  # static, as without a hint
+    monkeypatch.setattr(compiler, "PROMOTIONS", Promotions())  # the same sweep, never hinted
+    unhinted, again = _sweep(step, traces, plain=False)
+    assert unhinted == ["int"], unhinted
+    for h, g in zip(handles, again):
+        assert_trees_equal(h.result()[0], g.result()[0])

@@ -33,6 +33,7 @@ from .._units import format_bytes
 from ..memory import Arena
 from ..memory.device import arena_capacity, configure_preallocation
 from .compiled.compiler import PROGRAMS
+from .compiled.promotions import PROMOTIONS
 from .config import RuntimeConfig
 from .engine.dispatcher import debug_ownership_default
 from .handle import JobHandle
@@ -149,6 +150,7 @@ class Runtime:
             from .compiled.payoff import FUSION
             VERDICTS.persist(self.compilation_cache)
             FUSION.persist(self.compilation_cache)
+            PROMOTIONS.persist(self.compilation_cache)  # one trace per step, not two (promotions.py)
         # GPU preallocation must be configured before the backend starts (DESIGN: memory model).
         configure_preallocation()
         self.device = device if device is not None else jax.devices()[0]

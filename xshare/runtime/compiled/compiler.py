@@ -23,16 +23,57 @@ import threading
 import time
 import weakref
 from concurrent.futures import Future
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import jax
 import numpy as np
 
 from ...memory.footprint import Footprint
 from .leaves import Promote, layout_of
+from .promotions import PROMOTIONS
 from .program import (  # noqa: F401 - re-exported: the compiler's public names
     ASSUMED_FLOPS_PER_S, DONATE, CompiledStep, _avals, _flops, abstract, flat_step, has_host_callback,
     lower_fenced, lower_unfenced, program_key, replay, trace_unfenced, tree_nbytes)
+
+
+T = TypeVar("T")
+
+
+def _promoting(job: Any, state: Any, attempt: Callable[[frozenset], T],
+               traced: Callable[[T], tuple[Any, Any]]) -> T:
+    """``attempt(promote)`` until its trace keeps every Python number it changes carried as an
+    array: each ``Promote`` adds the numbers it found (as ``jax.jit`` would trace them; each
+    round adds at least one leaf). The first attempt starts from what an earlier process found
+    for this step and state shape (``promotions.PROMOTIONS``: one trace instead of two), and
+    falls back to none if that hint fails or names a number the step passes through unchanged
+    (``traced(result)``: its jaxpr and state layout), so the result is the hint-free one."""
+    hint = PROMOTIONS.hint(job.fn, state)
+    promote = hint
+    while True:
+        try:
+            out = attempt(promote)
+        except Promote as more:
+            promote = promote | more.indices
+            continue
+        except Exception:
+            if not hint:
+                raise
+            hint = promote = frozenset()  # the hint misled this trace: the hint-free path
+            continue
+        if hint and _passes_through(*traced(out), hint):
+            hint = promote = frozenset()
+            continue
+        PROMOTIONS.learn(job.fn, state, promote)
+        return out
+
+
+def _passes_through(closed: Any, layout: Any, indices: frozenset) -> bool:
+    """Whether the step returns any of the state leaves at ``indices`` unchanged (its output is
+    its input in ``closed``, the step's jaxpr over carried arrays: state leaves first)."""
+    if closed is None:
+        return False
+    jaxpr = closed.jaxpr
+    return any(jaxpr.outvars[pos] is jaxpr.invars[pos] for pos, i in enumerate(layout.carried()) if i in indices)
 
 
 class ProgramCache:
@@ -61,32 +102,24 @@ class ProgramCache:
         return program.ensure() if compile else program
 
     def _get(self, job: Any, state: Any, batch: Any, *, device: Any, fenced: bool) -> CompiledStep:
-        promote: frozenset = frozenset()
-        while True:
-            try:
-                return self._get_layout(job, state, batch, promote, device=device, fenced=fenced)
-            except Promote as more:
-                # The step changed a Python number of its state: trace again with it carried
-                # as an array, as jax.jit would (each round adds at least one leaf).
-                promote = promote | more.indices
+        return _promoting(job, state, lambda promote: self._get_layout(
+            job, state, batch, promote, device=device, fenced=fenced),
+            lambda program: (program.jaxpr, program.state_layout))
 
     def trace(self, job: Any, state: Any, batch: Any, *, device: Any) -> tuple[Any, frozenset, tuple]:
         """``(jaxpr, promoted, metric names)`` of ``job``'s step over carried arrays: traced as
         ``get`` traces it (Python numbers the step changes promoted to arrays), not lowered, not
         keyed, not cached. What a fused runtime needs to match a job to a family program that
         already covers it (``sweeps.Sweeps.covering``) without paying for its own lowering."""
-        promote: frozenset = frozenset()
-        while True:
+        def attempt(promote: frozenset) -> tuple[Any, frozenset, tuple]:
             state_arrays, state_layout = layout_of(state, promote)
             batch_arrays, batch_layout = layout_of(batch)
             names: list[tuple[str, ...]] = []
             flat = flat_step(job.fn, state_layout, batch_layout, names)
-            try:
-                jaxpr = trace_unfenced(flat, abstract(state_arrays, device), abstract(batch_arrays, device))
-            except Promote as more:
-                promote = promote | more.indices
-                continue
+            jaxpr = trace_unfenced(flat, abstract(state_arrays, device), abstract(batch_arrays, device))
             return jaxpr, promote, names[0]
+
+        return _promoting(job, state, attempt, lambda out: (out[0], layout_of(state, out[1])[1]))
 
     def _get_layout(self, job: Any, state: Any, batch: Any, promote: frozenset, *, device: Any,
                     fenced: bool) -> CompiledStep:

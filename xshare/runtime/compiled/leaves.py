@@ -60,6 +60,10 @@ class Layout:
     def n_arrays(self) -> int:
         return sum(1 for k in self.kinds if k is None or k[0] == _KEY)
 
+    def carried(self) -> list[int]:
+        """The leaf indices of the carried arrays, in order."""
+        return [i for i, k in enumerate(self.kinds) if k is None or k[0] == _KEY]
+
     def array_paths(self) -> list[str]:
         return [p for p, k in zip(self.paths, self.kinds) if k is None or k[0] == _KEY]
 
