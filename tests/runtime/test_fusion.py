@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import xshare
+from xshare.runtime.observe.schema import validate
 from tests.helpers import assert_trees_equal, linreg_data, linreg_state, linreg_step, plain_loop
 
 STEPS = 40
@@ -77,6 +78,10 @@ def test_fused_jobs_run_in_one_group_with_one_program():
     assert len(groups) == 1 and sorted(groups[0]["members"]) == [s.name for s in specs]
     assert groups[0]["capacity"] == 4
     assert {j["group"] for j in snap["jobs"]} == {groups[0]["name"]}
+    # The group's own row says how its steps ran per call, and why (status schema v1).
+    assert sum(groups[0]["steps_per_call"].values()) == groups[0]["steps"] >= 20
+    assert groups[0]["programs"]
+    assert validate(snap) == []
 
 
 def test_one_member_with_a_bad_batch_fails_alone():

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import xshare
 from xshare.runtime.compiled import compiler
 from xshare.runtime.compiled.compiler import PROGRAMS
-from xshare.runtime.compiled.promotions import Promotions
+from xshare.runtime.compiled.promotions import Promotions, fingerprint
 from tests.helpers import assert_trees_equal, linreg_data, linreg_state, plain_loop
 
 
@@ -204,15 +204,35 @@ def test_a_hint_the_step_does_not_bear_out_is_dropped_and_the_program_is_the_hin
     traces: list = []
     step = _counting_step(traces, changes_n=False, loops_on_n=kind == "loops_on_it")
     state = {"n": 0, "w": linreg_state(dim=4, seed=0)["w"]}  # the sweep's state shape
-    compiler.PROMOTIONS.learn(step, state, frozenset({0}))  # "n" is leaf 0 (dict keys sorted)
-    assert compiler.PROMOTIONS.hint(step, state) == frozenset({0})
+    key = fingerprint(step, state)
+    compiler.PROMOTIONS.learn(key, frozenset({0}))  # "n" is leaf 0 (dict keys sorted)
+    assert compiler.PROMOTIONS.hint(key, state) == frozenset({0})
     plain = kind == "passes_it_through"  # (jax.jit cannot trace a Python loop on a traced n)
     taken, handles = _sweep(step, traces, plain=plain)
     assert taken == ["DynamicJaxprTracer", "int"], taken  # hinted first, then hint-free
-    assert compiler.PROMOTIONS.hint(step, state) == frozenset()  # and it is forgotten
+    assert compiler.PROMOTIONS.hint(key, state) == frozenset()  # and it is forgotten
     assert all(type(h.result()[0]["n"]) is int for h in handles)  # static, as without a hint
     monkeypatch.setattr(compiler, "PROMOTIONS", Promotions())  # the same sweep, never hinted
     unhinted, again = _sweep(step, traces, plain=False)
     assert unhinted == ["int"], unhinted
     for h, g in zip(handles, again):
         assert_trees_equal(h.result()[0], g.result()[0])
+
+
+def test_a_steps_fingerprint_is_the_same_in_every_process():
+    """A hint is only worth keeping if the next process finds it: the fingerprint holds no
+    addresses and does not change with the process's string-hash seed."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("from tests.helpers import linreg_state, linreg_step\n"
+            "from xshare.runtime.compiled.promotions import fingerprint\n"
+            "print(fingerprint(linreg_step.fn, dict(linreg_state(dim=3), n=0)))")
+    outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": seed}).stdout.strip() for seed in ("1", "2")}
+    from tests.helpers import linreg_state, linreg_step
+    here = fingerprint(linreg_step.fn, dict(linreg_state(dim=3), n=0))
+    assert outs == {here}
+    assert fingerprint(linreg_step.fn, dict(linreg_state(dim=4), n=0)) != here  # another shape
+    assert fingerprint(_sgd_step(0.1), dict(linreg_state(dim=3), n=0)) != here  # another step

@@ -33,7 +33,6 @@ from .._units import format_bytes
 from ..memory import Arena
 from ..memory.device import arena_capacity, configure_preallocation
 from .compiled.compiler import PROGRAMS
-from .compiled.promotions import PROMOTIONS
 from .config import RuntimeConfig
 from .engine.dispatcher import debug_ownership_default
 from .handle import JobHandle
@@ -148,6 +147,7 @@ class Runtime:
         if self.compilation_cache is not None:
             from .compiled.multistep import VERDICTS
             from .compiled.payoff import FUSION
+            from .compiled.promotions import PROMOTIONS
             VERDICTS.persist(self.compilation_cache)
             FUSION.persist(self.compilation_cache)
             PROMOTIONS.persist(self.compilation_cache)  # one trace per step, not two (promotions.py)

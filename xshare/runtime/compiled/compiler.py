@@ -2,8 +2,8 @@
 whose step is the same program.
 
 A *program key* is a fingerprint of what determines the code, never of who calls it: the
-unfenced StableHLO of the step over flat leaves, the avals and placement of its state and batch,
-donation, device and whether it is fenced. Fence identity (ring, job, lane) is a run-time
+StableHLO of the program that runs (the step over flat leaves, between the fences when fenced),
+the avals and placement of its state and batch, donation, device and whether it is fenced. Fence identity (ring, job, lane) is a run-time
 operand (``ffi.fenced``), so the fenced executable is the same for every job of a sweep: N
 identical jobs cost one XLA compile. (JAX's jit cache cannot do this for us: each job is
 lowered separately, and the persistent compilation cache only helps across processes.)
@@ -30,7 +30,7 @@ import numpy as np
 
 from ...memory.footprint import Footprint
 from .leaves import Promote, layout_of
-from .promotions import PROMOTIONS
+from .promotions import PROMOTIONS, fingerprint
 from .program import (  # noqa: F401 - re-exported: the compiler's public names
     ASSUMED_FLOPS_PER_S, DONATE, CompiledStep, _avals, _flops, abstract, flat_step, has_host_callback,
     lower_fenced, lower_unfenced, program_key, replay, trace_unfenced, tree_nbytes)
@@ -47,7 +47,8 @@ def _promoting(job: Any, state: Any, attempt: Callable[[frozenset], T],
     for this step and state shape (``promotions.PROMOTIONS``: one trace instead of two), and
     falls back to none if that hint fails or names a number the step passes through unchanged
     (``traced(result)``: its jaxpr and state layout), so the result is the hint-free one."""
-    hint = PROMOTIONS.hint(job.fn, state)
+    key = fingerprint(job.fn, state)
+    hint = PROMOTIONS.hint(key, state)
     promote = hint
     while True:
         try:
@@ -63,7 +64,7 @@ def _promoting(job: Any, state: Any, attempt: Callable[[frozenset], T],
         if hint and _passes_through(*traced(out), hint):
             hint = promote = frozenset()
             continue
-        PROMOTIONS.learn(job.fn, state, promote)
+        PROMOTIONS.learn(key, promote)
         return out
 
 
@@ -166,9 +167,11 @@ class ProgramCache:
             # only to key it cost a second lowering on every program's path to its first step
             # (~30-40 ms of a ~0.17 s start for the hook's TrainState net).
             jaxpr = trace_unfenced(flat, state_struct, batch_struct)
-            lowered = lower_fenced(replay(jaxpr, len(state_struct)), state_struct, batch_struct, device)
+            replayed = replay(jaxpr, len(state_struct))
+            lowered = lower_fenced(replayed, state_struct, batch_struct, device)
         else:
             jaxpr, lowered = lower_unfenced(flat, state_struct, batch_struct)
+            replayed = replay(jaxpr, len(state_struct))
         text = lowered.as_text()
         key = program_key(text, state_avals=_avals(state_struct), batch_avals=_avals(batch_struct),
                           keys=state_layout.keys_of() + batch_layout.keys_of(), metric_names=names[0],
@@ -180,7 +183,7 @@ class ProgramCache:
 
         # Every program built on this one from here (K-step, fused) replays its jaxpr rather
         # than tracing the user's step again.
-        flat = replay(jaxpr, len(state_struct))
+        flat = replayed
 
         def lower() -> Any:
             return lowered

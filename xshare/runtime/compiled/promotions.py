@@ -39,19 +39,18 @@ class Promotions:
     def persist(self, directory: str | None) -> None:
         self._table.persist(directory)
 
-    def hint(self, fn: Any, state: Any) -> frozenset:
-        """What an earlier trace of ``fn`` on a state of this shape promoted (only indices that
-        are Python numbers in ``state``); empty if none is known."""
-        key = fingerprint(fn, state)
+    def hint(self, key: str | None, state: Any) -> frozenset:
+        """What an earlier trace of the step ``key`` names (``fingerprint``) promoted, only the
+        indices that are Python numbers in ``state``; empty if none is known."""
         found = self._table.get(key) if key is not None else None
         if not found:
             return frozenset()
         leaves = jax.tree.leaves(state)
         return frozenset(i for i in found if i < len(leaves) and is_number(leaves[i]))
 
-    def learn(self, fn: Any, state: Any, promoted: frozenset) -> None:
-        """Remember what the trace of ``fn`` on ``state`` promoted (if it differs from what is known)."""
-        key = fingerprint(fn, state)
+    def learn(self, key: str | None, promoted: frozenset) -> None:
+        """Remember what the trace of the step ``key`` names promoted (if it differs from what
+        is known)."""
         if key is not None and self._table.get(key) != promoted:
             self._table.put(key, frozenset(promoted))
 

@@ -221,7 +221,8 @@ def explain(tier: JobTier | None) -> str:
 
 def steps_per_call(unit: Any) -> dict[str, int]:
     """A job's (or a fused group's) steps by how many ran per call: ``{"1": n1, "16": n16}``
-    (status, RESULTS). A group member's steps are counted on its group."""
+    (status, RESULTS). A group's are group steps; a member's count its own steps in its group's
+    K-step calls too (``multigroup.GroupCalls``)."""
     multi = {k: n for k, n in (unit.tier.steps_at.items() if unit.tier is not None else ()) if k > 1}
     done = unit.steps_run if unit.is_group else unit.steps_done
     out = {"1": max(int(done) - sum(multi.values()), 0)}
