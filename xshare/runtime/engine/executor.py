@@ -42,6 +42,11 @@ log = logging.getLogger("xshare.runtime")
 InFlight = tuple[Any, Any, Any, int, int]
 
 
+def copies_early(device: Any) -> bool:
+    """Whether steps' metrics start to the host at dispatch (``Executor.host_copy``)."""
+    return getattr(device, "platform", "cpu") != "cpu"
+
+
 class Executor:
     """Dispatching steps and retiring them: owns the steps in flight (``inflight``) and the
     count of member steps run fused (``fused_member_steps``); runs K-step calls through
@@ -60,6 +65,12 @@ class Executor:
         self.config, self.recorder, self.timeline, self.device, self.ring = config, recorder, timeline, device, ring
         self.tend, self.cancel_soon = tend, cancel_soon
         self.inflight: deque[InFlight] = deque()
+        # Off a CPU, start each step's metrics on their way to the host as it is dispatched:
+        # retirement then finds them there instead of waiting for a device-to-host copy of its
+        # own. On an H100 that wait was ~38% of the dispatcher's time (benchmarks/RESULTS.md,
+        # "The first GPU run"). A CPU backend's arrays are host memory already, and the call
+        # costs ~5 us a step there: not made.
+        self.host_copy = copies_early(device)
         self.fused_member_steps = 0                    # member steps run in fused groups, ever
         self._seq = 0
         self._last_retire_ns = 0
@@ -116,6 +127,8 @@ class Executor:
         job.in_flight += 1
         self.took_turn(job, li, pos)
         self.inflight.append((job, step, outs[1], t, 1))
+        if self.host_copy:
+            outs[1].copy_to_host_async()
         self.after_steps(job, step, 1)
 
     def after_steps(self, job: JobRecord, step: int, k: int) -> None:

@@ -121,6 +121,8 @@ class MultiCalls:
         pipeline = self.pipeline
         pipeline.took_turn(job, li, pos)
         pipeline.inflight.append((job, step, outs[1], t, k))
+        if pipeline.host_copy:
+            outs[1].copy_to_host_async()  # (Executor.host_copy)
         pipeline.after_steps(job, step, k)
 
     # ------------------------------------------------------------------ promotion

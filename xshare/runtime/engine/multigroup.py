@@ -107,6 +107,8 @@ class GroupCalls:
             steps[slot] = (job, step)
         self.pipeline.took_turn(group, li, pos)
         self.pipeline.inflight.append((group, steps, outs[1], t, 1))
+        if self.pipeline.host_copy:
+            outs[1].copy_to_host_async()  # (Executor.host_copy)
         self.pipeline.checkpoint_members(steps, 1)
 
     def tier_turn(self, group: Group, li: int, pos: int) -> bool:
@@ -217,6 +219,8 @@ class GroupCalls:
             steps[slot] = (job, step)
         self.pipeline.took_turn(group, li, pos)
         self.pipeline.inflight.append((group, steps, rows, t, k))
+        if self.pipeline.host_copy:
+            rows.copy_to_host_async()  # (Executor.host_copy)
         self.pipeline.checkpoint_members(steps, k)
 
     # ------------------------------------------------------------------ promotion
