@@ -18,7 +18,6 @@ One compiled executable per (program, capacity, fenced), cached process-wide lik
 from __future__ import annotations
 
 import threading
-import time
 import warnings
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ import numpy as np
 from ... import ffi
 from ...memory.footprint import Footprint, footprint_from_analysis
 from .compiler import CompiledStep, tree_nbytes
+from .executables import EXECUTABLES, tree_bytes, zeros_like
 
 GROUP_INFLIGHT_BYTES = 64 << 20    # ... as long as the in-flight stacked batches stay under this
 
@@ -82,11 +82,19 @@ def fused_program(program: CompiledStep, capacity: int, device: Any, *, fenced: 
         if fenced:
             fn = ffi.fenced(body, donated=True)
             args.append(jax.ShapeDtypeStruct((3,), np.int32, sharding=sharding))
+
+        def lower() -> Any:
+            return jax.jit(fn, donate_argnums=(0, 1)).lower(*args)
+
+        def trial(compiled: Any) -> Any:  # one call on zeros (a kept executable, before use)
+            return compiled(*zeros_like(args[:2]), *([trial_ident(device)] if fenced else []))
+
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-            lowered = jax.jit(fn, donate_argnums=(0, 1)).lower(*args)
-            t0 = time.perf_counter()  # XLA's part only, as for single programs
-            compiled = lowered.compile()
+            # (seconds: XLA's part only, as for single programs; a kept executable's load)
+            compiled, seconds, loaded = EXECUTABLES.compile(
+                EXECUTABLES.key("group", program.key, capacity, fenced, ffi_sources(fenced), device=device),
+                lower, device=device, nbytes=tree_bytes(args[:2]), trial=trial)
         # The slot moves at this capacity compile afterwards, on a thread of their own: a group
         # forms on the host (see ``put``) and needs them only when a member joins a group that
         # already stepped, or leaves it, so its first step does not wait for them. Compiled
@@ -100,9 +108,9 @@ def fused_program(program: CompiledStep, capacity: int, device: Any, *, fenced: 
         threading.Thread(target=_compile_into, name="xshare-compile-moves", daemon=False,
                          args=(moves, lambda: (_put.lower(states, one, slot).compile(),
                                                _take.lower(states, slot).compile()))).start()
-        seconds = time.perf_counter() - t0
-        from .compiler import PROGRAMS
-        PROGRAMS._count(seconds)  # one ledger of XLA compiles per process
+        if not loaded:  # (a kept executable is no XLA compile: Runtime.compiles counts those)
+            from .compiler import PROGRAMS
+            PROGRAMS._count(seconds)  # one ledger of XLA compiles per process
         state_bytes = capacity * tree_nbytes(program.state_struct)
         batch_bytes = capacity * tree_nbytes(program.batch_struct) + capacity
         depth = pipeline_depth(ahead, group_ahead, capacity * tree_nbytes(program.batch_struct))
@@ -113,6 +121,26 @@ def fused_program(program: CompiledStep, capacity: int, device: Any, *, fenced: 
         out = FusedProgram(compiled, capacity, fp, _flops(compiled), moves, seconds)
         _cache[key] = out
         return out
+
+
+_trial_ring: int | None = None
+
+
+def trial_ident(device: Any) -> Any:
+    """The fences' identity for kept executables' trial calls: a ring of their own (never
+    drained: its records are dropped once it is full, and no job's timeline reads it)."""
+    global _trial_ring
+    if _trial_ring is None:
+        _trial_ring = ffi.open_ring(1 << 8)
+    return jax.device_put(ffi.ident(_trial_ring, 0, 0), device)
+
+
+def ffi_sources(fenced: bool) -> str:
+    """What a fenced program calls into: the fence library's sources (its custom calls)."""
+    if not fenced:
+        return ""
+    from ...ffi import _build
+    return _build.source_hash()
 
 
 def group_body(flat: Any) -> Any:

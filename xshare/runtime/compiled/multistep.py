@@ -15,7 +15,6 @@ the single step's program key, K and the form, like every other program.
 from __future__ import annotations
 
 import math
-import time
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -49,6 +48,7 @@ class MultiStep:
     executable: Any          # (state leaves, stacked batch leaves[, ident]) -> (state, metrics[K, M])
     footprint: Footprint     # from its own memory analysis (K batches, K rows of metrics)
     compile_s: float
+    loaded: bool = False     # a kept executable (executables.py), not an XLA compile
 
     @property
     def k(self) -> int:
@@ -83,7 +83,7 @@ def _compile(program: CompiledStep, form: Form, device: Any) -> MultiStep:
     return _scan_program(program.flat, program.state_struct, stacked, xs=lambda batches: batches,
                          one=lambda b, batches: b, fenced=program.fenced, form=form, device=device,
                          state_bytes=tree_nbytes(program.state_struct), batch_bytes=tree_nbytes(stacked),
-                         label=f"{program.key[:12]} {form.describe()}")
+                         label=f"{program.key[:12]} {form.describe()}", key=("multi", program.key))
 
 
 def compile_group_multi(program: CompiledStep, capacity: int, form: Form, device: Any) -> MultiStep:
@@ -108,14 +108,16 @@ def _compile_group(program: CompiledStep, capacity: int, form: Form, device: Any
                          one=lambda b, arg: (b, arg[1]), fenced=program.fenced, form=form, device=device,
                          state_bytes=capacity * tree_nbytes(program.state_struct),
                          batch_bytes=tree_nbytes(batches) + capacity,
-                         label=f"fused group {program.key[:12]} {form.describe()}")
+                         label=f"fused group {program.key[:12]} {form.describe()}",
+                         key=("group multi", program.key, capacity))
 
 
 def _scan_program(step: Callable, state_struct: Any, batch_struct: Any, *, xs: Callable, one: Callable,
                   fenced: bool, form: Form, device: Any, state_bytes: int, batch_bytes: int,
-                  label: str) -> MultiStep:
+                  label: str, key: tuple) -> MultiStep:
     """Compile ``scan(step)`` over ``xs(batch argument)``, each step given ``one(x, batch
-    argument)``, fenced per step when the program is, the state donated."""
+    argument)``, fenced per step when the program is, the state donated (or load it whole:
+    ``executables.py``; ``key`` names the program there, with the form and the fences)."""
     sharding = jax.sharding.SingleDeviceSharding(device)
     unroll = form.k if form.unroll else 1
     args: list[Any] = [state_struct, batch_struct]
@@ -131,15 +133,21 @@ def _scan_program(step: Callable, state_struct: Any, batch_struct: Any, *, xs: C
         def multi(state, arg):
             return jax.lax.scan(lambda s, x: step(s, one(x, arg)), state, xs(arg), unroll=unroll)
 
+    from .executables import EXECUTABLES, tree_bytes, zeros_like
+    from .fusion import ffi_sources, trial_ident
+
+    def trial(compiled: Any) -> Any:  # one call on zeros (a kept executable, before use)
+        return compiled(*zeros_like(args[:2]), *([trial_ident(device)] if fenced else []))
+
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-        lowered = jax.jit(multi, donate_argnums=STATE_ONLY).lower(*args)
-        t0 = time.perf_counter()
-        compiled = lowered.compile()
-        compile_s = time.perf_counter() - t0
+        compiled, compile_s, loaded = EXECUTABLES.compile(
+            EXECUTABLES.key(*key, form.k, form.unroll, fenced, ffi_sources(fenced), device=device),
+            lambda: jax.jit(multi, donate_argnums=STATE_ONLY).lower(*args), device=device,
+            nbytes=tree_bytes(args[:2]), trial=trial)
     fp = footprint_from_analysis(compiled.memory_analysis(), state_bytes=state_bytes,
                                  batch_bytes=batch_bytes, prefetch=0, job=label, hlo=compiled.as_text)
-    return MultiStep(form=form, executable=compiled, footprint=fp, compile_s=compile_s)
+    return MultiStep(form=form, executable=compiled, footprint=fp, compile_s=compile_s, loaded=loaded)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,125 @@
+"""Fused group programs kept whole beside the compilation cache (compiled/executables.py): a
+later process (here: a cleared in-process cache) loads the group program instead of lowering
+it, runs it once on zeros first, and ends in the state the vmapped loop reaches; a kept file
+that does not load is dropped and the program compiled again; only fresh compiles are kept."""
+
+from __future__ import annotations
+
+import threading
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import xshare
+from xshare import ffi
+from xshare.runtime.compiled import fusion
+from xshare.runtime.compiled.compiler import PROGRAMS
+from xshare.runtime.compiled.executables import _HIT_EVENT, EXECUTABLES, Executables
+from tests.helpers import assert_trees_equal, linreg_data, linreg_state, linreg_step
+from tests.users.harness import vmapped_loop
+
+STEPS = 24
+
+
+def specs():
+    return [linreg_step.bind(linreg_state(seed=i), linreg_data(seed=i), steps=STEPS, name=f"k{i}")
+            for i in range(3)]
+
+
+def run_fused(cache) -> list:
+    fusion._cache.clear()  # as in a new process: no group program in memory
+    with xshare.Runtime(memory="256MiB", fuse="always", steps_per_call=1, compilation_cache=str(cache)) as rt:
+        # Fenced (the canary passed on this machine): the trial call runs in the scratch ring.
+        assert rt.fences == ffi.available()
+        handles = rt.submit_many(specs())
+        rt.wait()
+    settle()
+    return [h.result()[0] for h in handles]
+
+
+def settle() -> None:
+    """Wait for the fresh copies being kept in the background."""
+    for t in threading.enumerate():
+        if t.name == "xshare-keep-executable":
+            t.join()
+
+
+def kept(cache) -> list:
+    return sorted((cache / "executables").glob("*.xla"))
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    """The process-wide store pointed at this test's cache, restored after it."""
+    monkeypatch.setattr(EXECUTABLES, "directory", EXECUTABLES.directory)
+    return tmp_path / "cache"
+
+
+def test_a_kept_group_program_is_loaded_not_compiled_and_ends_where_the_vmapped_loop_does(store):
+    want = vmapped_loop(specs(), 4, STEPS)
+    first = run_fused(store)
+    assert len(kept(store)) == 1  # a fresh compile of this test's own cache: kept at once
+    loaded, compiles = EXECUTABLES.loaded, PROGRAMS.compiles
+    second = run_fused(store)
+    assert EXECUTABLES.loaded == loaded + 1
+    assert PROGRAMS.compiles == compiles  # (the solo program is in memory; the group's was loaded)
+    for a, b, w in zip(first, second, want):
+        assert_trees_equal(a, w)
+        assert_trees_equal(b, w)
+
+
+def test_a_kept_file_that_does_not_load_is_dropped_and_compiled_again(store):
+    want = vmapped_loop(specs(), 4, STEPS)
+    run_fused(store)
+    (path,) = kept(store)
+    path.write_bytes(b"not an executable")
+    compiles = PROGRAMS.compiles
+    got = run_fused(store)
+    assert PROGRAMS.compiles == compiles + 1
+    # XLA's cache answered that compile: a fresh copy was kept in its place
+    assert path.exists() and path.read_bytes() != b"not an executable"
+    for g, w in zip(got, want):
+        assert_trees_equal(g, w)
+
+
+class FromXlaCache:
+    """A lowering whose plain compile came from XLA's persistent cache (the event jax records)."""
+
+    def __init__(self, lowered):
+        self.lowered = lowered
+        self.options = []
+
+    def compile(self, compiler_options=None):
+        self.options.append(compiler_options)
+        if compiler_options is None:
+            jax.monitoring.record_event(_HIT_EVENT)
+        return self.lowered.compile(compiler_options=compiler_options)
+
+
+def test_an_executable_xla_loaded_from_its_cache_is_not_kept_a_fresh_copy_is(tmp_path):
+    store = Executables()
+    store.persist(tmp_path)
+    f = jax.jit(lambda x: (x * 2).sum())
+    lowered = FromXlaCache(f.lower(jnp.ones(4)))
+    device = jax.devices()[0]
+    key = store.key("t", device=device)
+    compiled, _, loaded = store.compile(key, lambda: lowered, device=device, nbytes=16,
+                                        trial=lambda c: c(jnp.zeros(4)))
+    assert not loaded and float(compiled(jnp.ones(4))) == 8.0
+    settle()
+    assert lowered.options[0] is None and lowered.options[1]  # then a fresh compile, another XLA key
+    assert store.saved == 1 and (tmp_path / "executables" / f"{key}.xla").exists()
+    again, _, loaded = store.compile(key, lambda: pytest.fail("lowered although kept"), device=device,
+                                     nbytes=16, trial=lambda c: c(jnp.zeros(4)))
+    assert loaded and float(again(jnp.ones(4))) == 8.0
+
+
+def test_programs_too_large_for_a_trial_call_are_not_kept(tmp_path):
+    store = Executables()
+    store.persist(tmp_path)
+    f = jax.jit(lambda x: x + 1)
+    device = jax.devices()[0]
+    store.compile("big", lambda: f.lower(jnp.ones(4)), device=device, nbytes=1 << 30,
+                  trial=lambda c: pytest.fail("no trial for a program that is not kept"))
+    assert store.saved == 0 and not (tmp_path / "executables").exists()

@@ -1,0 +1,152 @@
+"""Fused group programs kept whole beside the persistent compilation cache.
+
+A fused sweep's first step waits for its group program, and on a machine whose XLA cache
+already holds that program the wait is not XLA's: it is the Python that traces and lowers the
+vmapped step (~0.1 s for the hook's Flax TrainState on a 2-core CPU), needed only to compute
+XLA's cache key. So the group program's executable is also kept under xshare's own key (the
+program's key, the capacity, the fences, the versions, the device, ``XLA_FLAGS``), in
+``<compilation cache>/executables/``, and a later process loads it without lowering anything
+(~2 ms).
+
+Two guards, from what failed before (benchmarks/RESULTS.md, "One lowering, one trace per
+process"):
+
+* Only a fresh compile is kept. An executable that XLA itself loaded from its persistent cache
+  serializes without its compiled functions on jaxlib's CPU backend (its first call raised
+  ``NOT_FOUND: Function ... not found``). When XLA's cache answered, the program is compiled
+  again on a thread of its own with a compile option at its default value, which only changes
+  XLA's cache key, and that fresh copy is kept.
+* A loaded executable runs once on zeros before it is used (in a scratch fence ring when the
+  program is fenced); if that raises, the file is dropped and the program is lowered as usual.
+  Only programs whose arguments fit in ``TRIAL_BYTES`` are kept: the trial allocates them, and
+  for larger programs lowering is a small part of the start anyway.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import pickle
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+log = logging.getLogger("xshare.runtime")
+
+TRIAL_BYTES = 16 << 20
+# A debug option at its default value: the same code, another key in XLA's persistent cache.
+FRESH = {"xla_llvm_disable_expensive_passes": False}
+_HIT_EVENT = "/jax/compilation_cache/cache_hits"
+
+
+class Executables:
+    """The store (``persist(directory)`` turns it on; ``Runtime`` does, beside ``VERDICTS``)."""
+
+    def __init__(self) -> None:
+        self.directory: Path | None = None
+        self.loaded = self.saved = 0       # counts, for tests and status
+        self._local = threading.local()
+        self._listening = False
+        self._lock = threading.Lock()
+
+    def persist(self, directory: str | os.PathLike) -> None:
+        with self._lock:
+            self.directory = Path(directory) / "executables"
+            if not self._listening:
+                jax.monitoring.register_event_listener(self._on_event)
+                self._listening = True
+
+    def _on_event(self, event: str, *args: Any, **kwargs: Any) -> None:
+        if event == _HIT_EVENT:
+            self._local.hit = True  # (recorded on the thread that compiles)
+
+    def key(self, *parts: Any, device: Any) -> str:
+        import jaxlib
+
+        text = repr((parts, jax.__version__, jaxlib.__version__, device.platform, device.device_kind,
+                     os.environ.get("XLA_FLAGS", "")))
+        return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+    def compile(self, key: str, lower: Callable[[], Any], *, device: Any, nbytes: int,
+                trial: Callable[[Any], Any]) -> tuple[Any, float, bool]:
+        """``(compiled, seconds, loaded)``: the kept executable for ``key`` if there is one and
+        its trial call on zeros passes (seconds: its load and trial), else ``lower().compile()``
+        (seconds: XLA's compile alone, not the lowering; kept when fresh)."""
+        directory = self.directory if nbytes <= TRIAL_BYTES else None
+        if directory is not None:
+            t0 = time.perf_counter()
+            got = self._load(directory / f"{key}.xla", device, trial)
+            if got is not None:
+                return got, time.perf_counter() - t0, True
+        self._local.hit = False
+        lowered = lower()
+        t0 = time.perf_counter()
+        compiled = lowered.compile()
+        seconds = time.perf_counter() - t0
+        if directory is not None:
+            path = directory / f"{key}.xla"
+            if not self._local.hit:
+                self._save(path, compiled)
+            else:
+                # Not serializable as XLA loaded it: a fresh copy, off the caller's path.
+                threading.Thread(target=self._save_fresh, args=(path, lowered), name="xshare-keep-executable",
+                                 daemon=False).start()  # (not a daemon: XLA aborts if exit finds it compiling)
+        return compiled, seconds, False
+
+    def _load(self, path: Path, device: Any, trial: Callable[[Any], Any]) -> Any | None:
+        if not path.exists():
+            return None
+        from jax.experimental import serialize_executable
+
+        try:
+            payload, in_tree, out_tree = pickle.loads(path.read_bytes())
+            compiled = serialize_executable.deserialize_and_load(payload, in_tree, out_tree,
+                                                                 execution_devices=[device])
+            jax.block_until_ready(trial(compiled))
+        except Exception as err:  # noqa: BLE001 - any failure: drop it, lower as usual
+            log.info("a kept executable did not load (%s: %s); compiling it again", type(err).__name__, err)
+            path.unlink(missing_ok=True)
+            return None
+        self.loaded += 1
+        return compiled
+
+    def _save(self, path: Path, compiled: Any) -> None:
+        from jax.experimental import serialize_executable
+
+        try:
+            blob = pickle.dumps(serialize_executable.serialize(compiled))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+            tmp.write_bytes(blob)
+            os.replace(tmp, path)  # whole or not at all: another process may be reading
+        except Exception as err:  # noqa: BLE001 - keeping it is an optimization: never fail the run
+            log.debug("could not keep an executable at %s: %s", path, err)
+            return
+        self.saved += 1
+
+    def _save_fresh(self, path: Path, lowered: Any) -> None:
+        self._local.hit = False
+        try:
+            compiled = lowered.compile(compiler_options=FRESH)
+        except Exception as err:  # noqa: BLE001
+            log.debug("could not compile a fresh copy to keep: %s", err)
+            return
+        if not self._local.hit:  # (else XLA's cache held the fresh-keyed copy too: nothing to keep)
+            self._save(path, compiled)
+
+
+def zeros_like(structs: Any) -> Any:
+    """Zeros for a trial call, shaped as ``structs`` (ShapeDtypeStructs, with shardings)."""
+    return jax.tree.map(lambda s: jax.device_put(np.zeros(s.shape, s.dtype), s.sharding), structs)
+
+
+def tree_bytes(structs: Any) -> int:
+    return sum(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize for s in jax.tree.leaves(structs))
+
+
+EXECUTABLES = Executables()
