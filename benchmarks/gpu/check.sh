@@ -44,6 +44,16 @@ if [ -f .gpu/sidebyside.py ]; then
   timeout 150 $PY .gpu/sidebyside.py 8 400
   timeout 150 $PY .gpu/sidebyside.py 8 3000
   timeout 100 $PY .gpu/sidebyside.py 1 3000
+  # The same with K-step programs allowed within a tolerance (on a GPU they are not
+  # bit-identical, so by default every job stays at one step per call: RESULTS.md).
+  sed 's/^WAYS = {/WAYS = {"pack_rtol": {"policy": "pack", "steps_per_call_rtol": 1e-5}, "fused_rtol": {"policy": "pack", "fuse": True, "steps_per_call_rtol": 1e-5}, /' \
+    .gpu/sidebyside.py > /tmp/sidebyside_rtol.py
+  SIDE_WAYS=pack_rtol,fused_rtol timeout 150 $PY /tmp/sidebyside_rtol.py 8 3000
+  # An earlier commit side by side (a `git worktree` of it copied to .gpu/base, with
+  # models/ linked in as xshare/models), for an A/B of a change on this machine.
+  if [ -d .gpu/base/xshare ]; then
+    PYTHONPATH=$PWD/.gpu/base:/tmp/site timeout 150 $PY .gpu/sidebyside.py 8 400 | sed 's/^/base: /'
+  fi
   phase dispatcher-profile
   timeout 70 $PY benchmarks/gpu/prof.py .gpu/sidebyside.py 2>&1 | head -75
 fi
