@@ -63,7 +63,9 @@ def test_a_kept_group_program_is_loaded_not_compiled_and_ends_where_the_vmapped_
     loaded, compiles = EXECUTABLES.loaded, PROGRAMS.compiles
     second = run_fused(store)
     assert EXECUTABLES.loaded == loaded + 1
-    assert PROGRAMS.compiles == compiles  # (the solo program is in memory; the group's was loaded)
+    # The group's program, loaded: counted as its program's compile, as an XLA cache hit is
+    # (the solo program is still in memory: not built again).
+    assert PROGRAMS.compiles == compiles + 1
     for a, b, w in zip(first, second, want):
         assert_trees_equal(a, w)
         assert_trees_equal(b, w)
@@ -74,9 +76,9 @@ def test_a_kept_file_that_does_not_load_is_dropped_and_compiled_again(store):
     run_fused(store)
     (path,) = kept(store)
     path.write_bytes(b"not an executable")
-    compiles = PROGRAMS.compiles
+    loaded = EXECUTABLES.loaded
     got = run_fused(store)
-    assert PROGRAMS.compiles == compiles + 1
+    assert EXECUTABLES.loaded == loaded  # it did not load: compiled again
     # XLA's cache answered that compile: a fresh copy was kept in its place
     assert path.exists() and path.read_bytes() != b"not an executable"
     for g, w in zip(got, want):

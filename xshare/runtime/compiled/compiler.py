@@ -252,8 +252,7 @@ class ProgramCache:
                 del self._programs[key]  # a failed build is not cached: the next job retries
             fut.set_exception(err)
             raise
-        if not getattr(result, "loaded", False):  # (a kept executable is no XLA compile: executables.py)
-            self._count(time.perf_counter() - t0)
+        self._count(time.perf_counter() - t0)
         fut.set_result(result)
         return result
 

@@ -92,7 +92,7 @@ def fused_program(program: CompiledStep, capacity: int, device: Any, *, fenced: 
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
             # (seconds: XLA's part only, as for single programs; a kept executable's load)
-            compiled, seconds, loaded = EXECUTABLES.compile(
+            compiled, seconds, _ = EXECUTABLES.compile(
                 EXECUTABLES.key("group", program.key, capacity, fenced, ffi_sources(fenced), device=device),
                 lower, device=device, nbytes=tree_bytes(args[:2]), trial=trial)
         # The slot moves at this capacity compile afterwards, on a thread of their own: a group
@@ -108,9 +108,10 @@ def fused_program(program: CompiledStep, capacity: int, device: Any, *, fenced: 
         threading.Thread(target=_compile_into, name="xshare-compile-moves", daemon=False,
                          args=(moves, lambda: (_put.lower(states, one, slot).compile(),
                                                _take.lower(states, slot).compile()))).start()
-        if not loaded:  # (a kept executable is no XLA compile: Runtime.compiles counts those)
-            from .compiler import PROGRAMS
-            PROGRAMS._count(seconds)  # one ledger of XLA compiles per process
+        from .compiler import PROGRAMS
+        # One ledger of compiles per process; like a hit in XLA's persistent cache, a kept
+        # executable's load counts as its program's compile (Runtime.compiles: programs built).
+        PROGRAMS._count(seconds)
         state_bytes = capacity * tree_nbytes(program.state_struct)
         batch_bytes = capacity * tree_nbytes(program.batch_struct) + capacity
         depth = pipeline_depth(ahead, group_ahead, capacity * tree_nbytes(program.batch_struct))

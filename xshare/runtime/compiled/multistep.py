@@ -48,7 +48,7 @@ class MultiStep:
     executable: Any          # (state leaves, stacked batch leaves[, ident]) -> (state, metrics[K, M])
     footprint: Footprint     # from its own memory analysis (K batches, K rows of metrics)
     compile_s: float
-    loaded: bool = False     # a kept executable (executables.py), not an XLA compile
+    loaded: bool = False     # a kept executable (executables.py), not lowered and compiled here
 
     @property
     def k(self) -> int:
