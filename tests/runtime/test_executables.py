@@ -125,3 +125,26 @@ def test_programs_too_large_for_a_trial_call_are_not_kept(tmp_path):
     store.compile("big", lambda: f.lower(jnp.ones(4)), device=device, nbytes=1 << 30,
                   trial=lambda c: pytest.fail("no trial for a program that is not kept"))
     assert store.saved == 0 and not (tmp_path / "executables").exists()
+
+
+def test_a_kept_executable_whose_trial_call_raises_is_dropped_and_compiled_again(tmp_path):
+    # What the CPU backend did with an executable XLA had loaded from its own cache: it
+    # deserialized, and its first call raised (NOT_FOUND). The trial call meets that first.
+    store = Executables()
+    store.persist(tmp_path)
+    f = jax.jit(lambda x: x * 3)
+    device = jax.devices()[0]
+    store.compile("k", lambda: f.lower(jnp.ones(4)), device=device, nbytes=16, trial=lambda c: c(jnp.zeros(4)))
+    path = tmp_path / "executables" / "k.xla"
+    assert path.exists() and store.saved == 1
+
+    def broken(compiled):
+        raise RuntimeError("NOT_FOUND: Function multiply_bitcast_fusion not found")
+
+    lowered = []
+    compiled, _, loaded = store.compile("k", lambda: lowered.append(1) or f.lower(jnp.ones(4)), device=device,
+                                        nbytes=16, trial=broken)
+    assert not loaded and lowered == [1] and store.loaded == 0
+    assert [float(v) for v in compiled(jnp.ones(4))] == [3.0] * 4
+    settle()
+    assert path.exists()  # compiled again and kept again (fresh, or a fresh copy)
