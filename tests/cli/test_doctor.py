@@ -26,7 +26,7 @@ SECTIONS = {
             "cuda_library", "platforms", "handlers", "error"},
     "canary": {"mode", "key", "ok", "reason", "cached", "path", "seconds", "checked_at"},
     "nvml": {"available", "driver", "cuda_driver", "gpus", "reason"},
-    "cache": {"launch_dir", "exists", "entries", "bytes", "this_process_dir"},
+    "cache": {"launch_dir", "exists", "entries", "bytes", "executables", "this_process_dir"},
     "memory_analysis": {"temp_bytes", "argument_bytes", "output_bytes", "alias_bytes",
                         "bound_bytes", "plausible", "note"},
 }

@@ -121,9 +121,12 @@ def cache_section() -> tuple[dict, list[Check]]:
     files = [p for p in directory.rglob("*") if p.is_file()] if directory.is_dir() else []
     data = {"launch_dir": str(directory), "exists": directory.is_dir(), "entries": len(files),
             "bytes": sum(p.stat().st_size for p in files),
+            # fused group and K-step programs kept whole (runtime/compiled/executables.py)
+            "executables": sum(1 for p in files if p.parent.name == "executables" and p.suffix == ".xla"),
             "this_process_dir": jax.config.jax_compilation_cache_dir}  # type: ignore[attr-defined]  # jax sets its options on Config at import (setattr)
     writable = os.access(directory if directory.is_dir() else _existing_parent(directory), os.W_OK)
-    summary = (f"{directory}: {data['entries']} entries, {format_bytes(data['bytes'])}" if data["exists"]
+    summary = (f"{directory}: {data['entries']} entries, {format_bytes(data['bytes'])} "
+               f"({data['executables']} programs kept whole)" if data["exists"]
                else f"{directory} (not created yet: the first `xshare launch` creates it)")
     return data, [Check("cache", "compilation cache", OK if writable else WARN, summary,
                         None if writable else "make it writable or set XSHARE_COMPILATION_CACHE")]
