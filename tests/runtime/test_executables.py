@@ -15,7 +15,7 @@ import xshare
 from xshare import ffi
 from xshare.runtime.compiled import fusion
 from xshare.runtime.compiled.compiler import PROGRAMS
-from xshare.runtime.compiled.executables import _HIT_EVENT, EXECUTABLES, Executables
+from xshare.runtime.compiled.executables import _HIT_EVENT, EXECUTABLES, FRESH, Executables
 from tests.helpers import assert_trees_equal, linreg_data, linreg_state, linreg_step
 from tests.users.harness import vmapped_loop
 
@@ -148,3 +148,29 @@ def test_a_kept_executable_whose_trial_call_raises_is_dropped_and_compiled_again
     assert [float(v) for v in compiled(jnp.ones(4))] == [3.0] * 4
     settle()
     assert path.exists()  # compiled again and kept again (fresh, or a fresh copy)
+
+
+def test_an_executable_xla_loaded_is_not_kept_as_it_is_when_jax_hands_it_out_again(tmp_path):
+    # jax's in-memory cache hands the same executable out for the same lowering, this time
+    # without XLA's cache-hit event: it is still the one XLA loaded, so a fresh copy is kept.
+    store = Executables()
+    store.persist(tmp_path)
+    f = jax.jit(lambda x: (x * 5).sum())
+    device = jax.devices()[0]
+    first, _, _ = store.compile("a", lambda: FromXlaCache(f.lower(jnp.ones(4))), device=device, nbytes=1 << 30,
+                                trial=lambda c: c(jnp.zeros(4)))  # (too large to keep: only its origin is noted)
+    again = Recording(f.lower(jnp.ones(4)))
+    compiled, _, _ = store.compile("b", lambda: again, device=device, nbytes=16, trial=lambda c: c(jnp.zeros(4)))
+    settle()
+    assert compiled._executable is first._executable  # (the premise: jax handed out the same one)
+    assert float(compiled(jnp.ones(4))) == 20.0
+    assert again.options == [None, FRESH]  # kept: the fresh copy, not the executable XLA loaded
+    assert store.saved == 1 and (tmp_path / "executables" / "b.xla").exists()
+
+
+class Recording(FromXlaCache):
+    """A lowering whose compiles are recorded, with no cache-hit event."""
+
+    def compile(self, compiler_options=None):
+        self.options.append(compiler_options)
+        return self.lowered.compile(compiler_options=compiler_options)

@@ -30,6 +30,7 @@ import os
 import pickle
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import Any, Callable
 
@@ -51,6 +52,10 @@ class Executables:
         self.directory: Path | None = None
         self.loaded = self.saved = 0       # counts, for tests and status
         self._local = threading.local()
+        # Executables XLA loaded from its cache, as jax's in-memory cache may hand the same one
+        # out again later without an event (the trial call would catch it too: this saves the
+        # fallback). Weak: they go with jax's cache.
+        self._from_xla: weakref.WeakSet = weakref.WeakSet()
         self._listening = False
         self._lock = threading.Lock()
 
@@ -88,9 +93,12 @@ class Executables:
         t0 = time.perf_counter()
         compiled = lowered.compile()
         seconds = time.perf_counter() - t0
+        inner = getattr(compiled, "_executable", None)  # (jax's object under the Compiled)
+        if self._local.hit and inner is not None:
+            self._from_xla.add(inner)
         if directory is not None:
             path = directory / f"{key}.xla"
-            if not self._local.hit:
+            if not self._local.hit and (inner is None or inner not in self._from_xla):
                 self._save(path, compiled)
             else:
                 # Not serializable as XLA loaded it: a fresh copy, off the caller's path.
