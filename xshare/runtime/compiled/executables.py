@@ -43,6 +43,7 @@ TRIAL_BYTES = 16 << 20
 # A debug option at its default value: the same code, another key in XLA's persistent cache.
 FRESH = {"xla_llvm_disable_expensive_passes": False}
 _HIT_EVENT = "/jax/compilation_cache/cache_hits"
+_FRESH_LOCK = threading.Lock()
 
 
 class Executables:
@@ -138,13 +139,24 @@ class Executables:
         self.saved += 1
 
     def _save_fresh(self, path: Path, lowered: Any) -> None:
-        self._local.hit = False
-        try:
-            compiled = lowered.compile(compiler_options=FRESH)
-        except Exception as err:  # noqa: BLE001
-            log.debug("could not compile a fresh copy to keep: %s", err)
-            return
-        if not self._local.hit:  # (else XLA's cache held the fresh-keyed copy too: nothing to keep)
+        # The fresh copy is not written to XLA's cache: if it were, the next fresh copy of this
+        # program (its kept file lost, or dropped) would come from that cache too, unkeepable.
+        # jax has no per-compile switch for it, so its write threshold is raised for this
+        # compile (a compile on another thread meanwhile is not written either: it only costs
+        # that program a compile in a later process).
+        with _FRESH_LOCK:
+            self._local.hit = False
+            threshold = jax.config.jax_persistent_cache_min_compile_time_secs  # type: ignore[attr-defined]  # jax sets its options on Config at import (setattr)
+            jax.config.update("jax_persistent_cache_min_compile_time_secs", 1e9)
+            try:
+                compiled = lowered.compile(compiler_options=FRESH)
+            except Exception as err:  # noqa: BLE001
+                log.debug("could not compile a fresh copy to keep: %s", err)
+                return
+            finally:
+                jax.config.update("jax_persistent_cache_min_compile_time_secs", threshold)
+            hit = self._local.hit
+        if not hit:  # (else XLA's cache held a fresh-keyed copy from before: nothing to keep)
             self._save(path, compiled)
 
 
