@@ -91,3 +91,20 @@ def test_k_step_calls_and_fused_group_steps_are_copied_early(copied):
         assert len(copied) == group_steps
     for h, want in zip(handles, vmapped_loop([make(i) for i in range(3)], 4, STEPS)):
         assert_trees_equal(h.result()[0], want)
+
+
+def test_a_fused_groups_k_step_calls_and_their_check_with_the_copy_on(copied):
+    # The group's K-step check hands its rows to the pipeline from the host (a numpy stack):
+    # only the calls' own device rows are copied early.
+    for _ in range(3):
+        copied.clear()
+        with xshare.Runtime(memory="256MiB", fuse="always", steps_per_call=8) as rt:
+            handles = rt.submit_many([make(i, 96) for i in range(3)])
+            rt.wait()
+            rt._tier_pool.shutdown(wait=True)
+        if all(h._rec.tier is not None and h._rec.tier.steps_at.get(8, 0) >= 48 for h in handles):
+            break
+    assert all(h._rec.tier.steps_at.get(8, 0) >= 48 for h in handles), [h._rec.tier for h in handles]
+    assert any(shape[:1] == (8,) for shape in copied), copied  # (8, capacity, metrics): K-step group calls
+    for h, want in zip(handles, vmapped_loop([make(i, 96) for i in range(3)], 4, 96)):
+        assert_trees_equal(h.result()[0], want)

@@ -196,6 +196,8 @@ class GroupCalls:
                 self.life.settle(job)
             return
         group.arrays = outs[0]
+        if self.pipeline.host_copy:
+            outs[1].copy_to_host_async()  # (Executor.host_copy; the check's rows are on the host already)
         self._stepped(group, li, pos, taken, outs[1], t, k)
         group.tier.steps_at[k] = group.tier.steps_at.get(k, 0) + k
 
@@ -219,8 +221,6 @@ class GroupCalls:
             steps[slot] = (job, step)
         self.pipeline.took_turn(group, li, pos)
         self.pipeline.inflight.append((group, steps, rows, t, k))
-        if self.pipeline.host_copy:
-            rows.copy_to_host_async()  # (Executor.host_copy)
         self.pipeline.checkpoint_members(steps, k)
 
     # ------------------------------------------------------------------ promotion
