@@ -263,3 +263,22 @@ def test_a_fused_group_runs_k_steps_per_call_and_matches_the_vmapped_loop():
     want = vmapped_loop(make(), 4, 96)
     for h, w in zip(handles, want):
         assert_trees_equal(h.result()[0], w)
+
+
+def test_under_srtf_the_k_step_form_fits_the_time_a_call_may_take(monkeypatch):
+    """Under srtf a call runs only as many steps as fit its quantum (``preemptive_cap``, here
+    pinned to 4: it depends on the measured step time); the tiers compile a form of that K,
+    not K=16, which would never fit and would leave the job at one step per call."""
+    from xshare.runtime.engine.multicall import MultiCalls
+
+    monkeypatch.setattr(MultiCalls, "preemptive_cap", lambda self, job, step_s=None: 4)
+
+    def make():
+        return linreg_step.bind(linreg_state(seed=7), linreg_data(seed=7), steps=256, name="q")
+
+    # (steps_per_call=16: the tiers compile at once, without weighing the compile; before
+    # this bound they compiled K=16, which no call here could run)
+    handle = _run_until(4, make, memory="256MiB", policy="srtf", steps_per_call=16)
+    steps_at = handle._rec.tier.steps_at
+    assert steps_at.get(4) and set(steps_at) <= {1, 4}, (steps_at, handle._rec.tier)
+    assert_trees_equal(handle.result()[0], plain_loop(make())[0])

@@ -25,7 +25,7 @@ from ..compiled.multistep import MultiStep, Verdict
 from ..config import RuntimeConfig
 from .lifecycle import Lifecycle
 from .records import JobRecord
-from .tiers import Candidate, Tiers, typical_step_s
+from .tiers import WARM_STEPS, Candidate, Tiers, typical_step_s
 from .source import END, DataError, Feeding, produce
 from .units import Units
 
@@ -62,16 +62,21 @@ class MultiCalls:
         if spec.on_metrics is not None:
             every = spec.on_metrics_every
             report = 1 if every is None else ksteps.until(step, every) if every else None
-        cap = None
-        if self.config.preemptive:
-            step_s = job.step_time_s if job.step_time_s is not None or job.tier is None else job.tier.step_s
-            # A job keeps the device at least ``quantum`` steps (Runtime's argument) anyway.
-            cap = max(ksteps.preemptive_cap(step_s, ksteps.QUANTUM_S / (1 + self.config.dispatch_ahead)), self.config.quantum)
+        cap = self.preemptive_cap(job) if self.config.preemptive else None
         return ksteps.Bounds(
             left=job.steps_left,
             to_eval=ksteps.until(step, job.eval.every) if job.eval is not None else None,
             to_checkpoint=ksteps.until(step, self.config.checkpoint_every) if self.config.checkpoint_dir is not None else None,
             to_report=report, cap=cap)
+
+    def preemptive_cap(self, job: JobRecord, step_s: float | None = None) -> int:
+        """Under a preemptive policy, the most steps one call of ``job`` may run (1 while its
+        step time is unknown): about ``QUANTUM_S`` of device time shared by the calls in flight,
+        and at least ``quantum`` steps (Runtime's argument: a job keeps the device that long)."""
+        if step_s is None:
+            step_s = job.step_time_s if job.step_time_s is not None or job.tier is None else job.tier.step_s
+        return max(ksteps.preemptive_cap(step_s, ksteps.QUANTUM_S / (1 + self.config.dispatch_ahead)),
+                   self.config.quantum)
 
     def steps_this_call(self, job: JobRecord, available: tuple[int, ...]) -> int:
         bounds = self.bounds(job)
@@ -135,6 +140,13 @@ class MultiCalls:
                     left = None
                     break
                 left += unit.steps_left
+        if self.config.preemptive and typical_step_s(job) is None:
+            # Its K is bounded by its step time (preemptive_cap): weighed once that is measured
+            # (the recorder drains the fences' times ~5x a second: a short job asks for them).
+            if job.steps_done >= WARM_STEPS:
+                self.timeline.drain()
+            if typical_step_s(job) is None:
+                return
         program, device = job.program, self.device
         assert program is not None  # (it stepped)
         self.tiers.consider(self.tiers.tier(job), Candidate(
@@ -153,6 +165,12 @@ class MultiCalls:
                  if e]
         if spec.on_metrics is not None and spec.on_metrics_every is None:
             every.append(1)
+        step_s = typical_step_s(job) if self.config.preemptive else None
+        if step_s is not None:
+            # Under srtf and priority a call runs at most this many steps: a K-step program
+            # longer than that would never run (K=16 for steps of 0.2-1 ms: one step per call).
+            # (The median step, not the EMA: a first step's one-time costs would cap K at 1.)
+            every.append(self.preemptive_cap(job, step_s))
         return min(every) if every else None
 
     def promote(self, job: JobRecord, li: int, pos: int) -> bool:

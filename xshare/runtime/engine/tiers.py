@@ -106,8 +106,9 @@ class Tiers:
             form = next((f for f in self.forms(c.period) if f not in tier.tried), None)
             if form is None:
                 if not tier.note:
-                    tier.note = (f"one step per call: its boundaries (evaluation, checkpoint, reports) "
-                                 f"come every {c.period} step(s)" if c.period is not None and c.period < 2
+                    tier.note = (f"one step per call: its boundaries (evaluation, checkpoint, reports, or "
+                                 f"under srtf and priority the time one call may take) come every "
+                                 f"{c.period} step(s)" if c.period is not None and c.period < 2
                                  else "one step per call")
                 return
             known = multistep.VERDICTS.get(c.key, form)
