@@ -1,10 +1,11 @@
-"""Fused group programs kept whole beside the persistent compilation cache.
+"""Fused group programs and K-step programs kept whole beside the persistent compilation cache.
 
 A fused sweep's first step waits for its group program, and on a machine whose XLA cache
 already holds that program the wait is not XLA's: it is the Python that traces and lowers the
 vmapped step (~0.1 s for the hook's Flax TrainState on a 2-core CPU), needed only to compute
-XLA's cache key. So the group program's executable is also kept under xshare's own key (the
-program's key, the capacity, the fences, the versions, the device, ``XLA_FLAGS``), in
+XLA's cache key. So the group program's executable (and a K-step program's, lowered on the
+tiers' thread while jobs run) is also kept under xshare's own key (the program's key, the
+capacity or form, the fences, the versions, the device, ``XLA_FLAGS``), in
 ``<compilation cache>/executables/``, and a later process loads it without lowering anything
 (~2 ms).
 
@@ -36,6 +37,8 @@ from typing import Any, Callable
 
 import jax
 import numpy as np
+
+from .program import tree_nbytes
 
 log = logging.getLogger("xshare.runtime")
 
@@ -77,6 +80,18 @@ class Executables:
         text = repr((parts, jax.__version__, jaxlib.__version__, device.platform, device.device_kind,
                      os.environ.get("XLA_FLAGS", "")))
         return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+    def compile_program(self, parts: tuple, lower: Callable[[], Any], args: list, *, fenced: bool,
+                        device: Any) -> tuple[Any, float, bool]:
+        """``compile`` for one of the runtime's programs, whose arguments are ``args``: (state,
+        batch[, the fences' ident]) as ShapeDtypeStructs. Its key is ``parts`` with the fences
+        (and the fence library's sources: its custom calls), its size that of state and batch,
+        and its trial one call on zeros of them (in a scratch fence ring when fenced)."""
+        def trial(compiled: Any) -> Any:
+            return compiled(*zeros_like(args[:2]), *([_trial_ident(device)] if fenced else []))
+
+        return self.compile(self.key(*parts, fenced, _ffi_sources(fenced), device=device), lower,
+                            device=device, nbytes=tree_nbytes(args[:2]), trial=trial)
 
     def compile(self, key: str, lower: Callable[[], Any], *, device: Any, nbytes: int,
                 trial: Callable[[Any], Any]) -> tuple[Any, float, bool]:
@@ -165,8 +180,26 @@ def zeros_like(structs: Any) -> Any:
     return jax.tree.map(lambda s: jax.device_put(np.zeros(s.shape, s.dtype), s.sharding), structs)
 
 
-def tree_bytes(structs: Any) -> int:
-    return sum(int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize for s in jax.tree.leaves(structs))
+_trial_ring: int | None = None
+
+
+def _trial_ident(device: Any) -> Any:
+    """The fences' identity for trial calls: a ring of their own (never drained: its records
+    are dropped once it is full, and no job's timeline reads it)."""
+    global _trial_ring
+    from ... import ffi
+
+    if _trial_ring is None:
+        _trial_ring = ffi.open_ring(1 << 8)
+    return jax.device_put(ffi.ident(_trial_ring, 0, 0), device)
+
+
+def _ffi_sources(fenced: bool) -> str:
+    """What a fenced program calls into: the fence library's sources (its custom calls)."""
+    if not fenced:
+        return ""
+    from ...ffi import _build
+    return _build.source_hash()
 
 
 EXECUTABLES = Executables()

@@ -30,7 +30,7 @@ import numpy as np
 from ... import ffi
 from ...memory.footprint import Footprint, footprint_from_analysis
 from .compiler import CompiledStep, tree_nbytes
-from .executables import EXECUTABLES, tree_bytes, zeros_like
+from .executables import EXECUTABLES
 
 GROUP_INFLIGHT_BYTES = 64 << 20    # ... as long as the in-flight stacked batches stay under this
 
@@ -86,15 +86,11 @@ def fused_program(program: CompiledStep, capacity: int, device: Any, *, fenced: 
         def lower() -> Any:
             return jax.jit(fn, donate_argnums=(0, 1)).lower(*args)
 
-        def trial(compiled: Any) -> Any:  # one call on zeros (a kept executable, before use)
-            return compiled(*zeros_like(args[:2]), *([trial_ident(device)] if fenced else []))
-
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
             # (seconds: XLA's part only, as for single programs; a kept executable's load)
-            compiled, seconds, _ = EXECUTABLES.compile(
-                EXECUTABLES.key("group", program.key, capacity, fenced, ffi_sources(fenced), device=device),
-                lower, device=device, nbytes=tree_bytes(args[:2]), trial=trial)
+            compiled, seconds, _ = EXECUTABLES.compile_program(("group", program.key, capacity), lower, args,
+                                                               fenced=fenced, device=device)
         # The slot moves at this capacity compile afterwards, on a thread of their own: a group
         # forms on the host (see ``put``) and needs them only when a member joins a group that
         # already stepped, or leaves it, so its first step does not wait for them. Compiled
@@ -122,26 +118,6 @@ def fused_program(program: CompiledStep, capacity: int, device: Any, *, fenced: 
         out = FusedProgram(compiled, capacity, fp, _flops(compiled), moves, seconds)
         _cache[key] = out
         return out
-
-
-_trial_ring: int | None = None
-
-
-def trial_ident(device: Any) -> Any:
-    """The fences' identity for kept executables' trial calls: a ring of their own (never
-    drained: its records are dropped once it is full, and no job's timeline reads it)."""
-    global _trial_ring
-    if _trial_ring is None:
-        _trial_ring = ffi.open_ring(1 << 8)
-    return jax.device_put(ffi.ident(_trial_ring, 0, 0), device)
-
-
-def ffi_sources(fenced: bool) -> str:
-    """What a fenced program calls into: the fence library's sources (its custom calls)."""
-    if not fenced:
-        return ""
-    from ...ffi import _build
-    return _build.source_hash()
 
 
 def group_body(flat: Any) -> Any:

@@ -48,7 +48,6 @@ class MultiStep:
     executable: Any          # (state leaves, stacked batch leaves[, ident]) -> (state, metrics[K, M])
     footprint: Footprint     # from its own memory analysis (K batches, K rows of metrics)
     compile_s: float
-    loaded: bool = False     # a kept executable (executables.py), not lowered and compiled here
 
     @property
     def k(self) -> int:
@@ -133,21 +132,16 @@ def _scan_program(step: Callable, state_struct: Any, batch_struct: Any, *, xs: C
         def multi(state, arg):
             return jax.lax.scan(lambda s, x: step(s, one(x, arg)), state, xs(arg), unroll=unroll)
 
-    from .executables import EXECUTABLES, tree_bytes, zeros_like
-    from .fusion import ffi_sources, trial_ident
-
-    def trial(compiled: Any) -> Any:  # one call on zeros (a kept executable, before use)
-        return compiled(*zeros_like(args[:2]), *([trial_ident(device)] if fenced else []))
+    from .executables import EXECUTABLES
 
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-        compiled, compile_s, loaded = EXECUTABLES.compile(
-            EXECUTABLES.key(*key, form.k, form.unroll, fenced, ffi_sources(fenced), device=device),
-            lambda: jax.jit(multi, donate_argnums=STATE_ONLY).lower(*args), device=device,
-            nbytes=tree_bytes(args[:2]), trial=trial)
+        compiled, compile_s, _ = EXECUTABLES.compile_program(
+            (*key, form.k, form.unroll), lambda: jax.jit(multi, donate_argnums=STATE_ONLY).lower(*args), args,
+            fenced=fenced, device=device)
     fp = footprint_from_analysis(compiled.memory_analysis(), state_bytes=state_bytes,
                                  batch_bytes=batch_bytes, prefetch=0, job=label, hlo=compiled.as_text)
-    return MultiStep(form=form, executable=compiled, footprint=fp, compile_s=compile_s, loaded=loaded)
+    return MultiStep(form=form, executable=compiled, footprint=fp, compile_s=compile_s)
 
 
 @dataclass(frozen=True)

@@ -140,24 +140,27 @@ class MultiCalls:
                     left = None
                     break
                 left += unit.steps_left
-        if self.config.preemptive and typical_step_s(job) is None:
+        step_s = typical_step_s(job)
+        if self.config.preemptive and step_s is None:
             # Its K is bounded by its step time (preemptive_cap): weighed once that is measured
             # (the recorder drains the fences' times ~5x a second: a short job asks for them).
             if job.steps_done >= WARM_STEPS:
                 self.timeline.drain()
-            if typical_step_s(job) is None:
+                step_s = typical_step_s(job)
+            if step_s is None:
                 return
         program, device = job.program, self.device
         assert program is not None  # (it stepped)
         self.tiers.consider(self.tiers.tier(job), Candidate(
             key=program.key, compile=lambda form: multistep.compile_multi(program, form, device),
-            steps_done=job.steps_done, step_s=typical_step_s(job), steps_left=left,
+            steps_done=job.steps_done, step_s=step_s, steps_left=left,
             gap_s=job.host_gap_s if job.host_gap_s is not None else self.timeline.host_gap_s,
-            period=self.period(job)))
+            period=self.period(job, step_s)))
 
-    def period(self, job: JobRecord) -> int | None:
+    def period(self, job: JobRecord, step_s: float | None = None) -> int | None:
         """The fewest steps between two of the job's boundaries (its K-step program's K is at
-        most this, or it would never run a full call)."""
+        most this, or it would never run a full call); ``step_s``: its median step time, if
+        the caller has it (``typical_step_s``)."""
         spec = job.spec
         every = [e for e in (job.eval.every if job.eval is not None else None,
                              self.config.checkpoint_every if self.config.checkpoint_dir is not None else None,
@@ -165,8 +168,9 @@ class MultiCalls:
                  if e]
         if spec.on_metrics is not None and spec.on_metrics_every is None:
             every.append(1)
-        step_s = typical_step_s(job) if self.config.preemptive else None
-        if step_s is not None:
+        if self.config.preemptive and step_s is None:
+            step_s = typical_step_s(job)
+        if self.config.preemptive and step_s is not None:
             # Under srtf and priority a call runs at most this many steps: a K-step program
             # longer than that would never run (K=16 for steps of 0.2-1 ms: one step per call).
             # (The median step, not the EMA: a first step's one-time costs would cap K at 1.)
