@@ -39,10 +39,11 @@ def run_fused(cache) -> list:
 
 
 def settle() -> None:
-    """Wait for the fresh copies being kept in the background."""
-    for t in threading.enumerate():
-        if t.name == "xshare-keep-executable":
-            t.join()
+    """Wait for the slot moves compiling and the fresh copies being kept in the background."""
+    for name in ("xshare-compile-moves", "xshare-keep-executable"):
+        for t in threading.enumerate():
+            if t.name == name:
+                t.join()
 
 
 def kept(cache) -> list:
@@ -59,10 +60,12 @@ def store(tmp_path, monkeypatch):
 def test_a_kept_group_program_is_loaded_not_compiled_and_ends_where_the_vmapped_loop_does(store):
     want = vmapped_loop(specs(), 4, STEPS)
     first = run_fused(store)
-    assert len(kept(store)) == 1  # a fresh compile of this test's own cache: kept at once
+    # Fresh compiles of this test's own cache, kept at once: the group program and its two
+    # slot moves (fusion._moves)
+    assert len(kept(store)) == 3
     loaded, compiles = EXECUTABLES.loaded, PROGRAMS.compiles
     second = run_fused(store)
-    assert EXECUTABLES.loaded == loaded + 1
+    assert EXECUTABLES.loaded == loaded + 3
     # The group's program, loaded: counted as its program's compile, as an XLA cache hit is
     # (the solo program is still in memory: not built again).
     assert PROGRAMS.compiles == compiles + 1
@@ -74,13 +77,15 @@ def test_a_kept_group_program_is_loaded_not_compiled_and_ends_where_the_vmapped_
 def test_a_kept_file_that_does_not_load_is_dropped_and_compiled_again(store):
     want = vmapped_loop(specs(), 4, STEPS)
     run_fused(store)
-    (path,) = kept(store)
-    path.write_bytes(b"not an executable")
+    paths = kept(store)
+    assert len(paths) == 3  # the group program and its slot moves
+    for path in paths:
+        path.write_bytes(b"not an executable")
     loaded = EXECUTABLES.loaded
     got = run_fused(store)
-    assert EXECUTABLES.loaded == loaded  # it did not load: compiled again
-    # XLA's cache answered that compile: a fresh copy was kept in its place
-    assert path.exists() and path.read_bytes() != b"not an executable"
+    assert EXECUTABLES.loaded == loaded  # none loaded: each compiled again
+    # XLA's cache answered those compiles: fresh copies were kept in their place
+    assert all(path.exists() and path.read_bytes() != b"not an executable" for path in paths)
     for g, w in zip(got, want):
         assert_trees_equal(g, w)
 

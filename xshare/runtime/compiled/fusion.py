@@ -30,7 +30,7 @@ import numpy as np
 from ... import ffi
 from ...memory.footprint import Footprint, footprint_from_analysis
 from .compiler import CompiledStep, tree_nbytes
-from .executables import EXECUTABLES
+from .executables import EXECUTABLES, zeros_like
 
 GROUP_INFLIGHT_BYTES = 64 << 20    # ... as long as the in-flight stacked batches stay under this
 
@@ -102,8 +102,7 @@ def fused_program(program: CompiledStep, capacity: int, device: Any, *, fenced: 
         # Not a daemon: a process that ends while XLA compiles on a daemon thread aborts in
         # C++ at exit ("FATAL: exception not rethrown"); exit waits for this instead (< 1 s).
         threading.Thread(target=_compile_into, name="xshare-compile-moves", daemon=False,
-                         args=(moves, lambda: (_put.lower(states, one, slot).compile(),
-                                               _take.lower(states, slot).compile()))).start()
+                         args=(moves, lambda: _moves(program.key, capacity, states, one, slot, device))).start()
         from .compiler import PROGRAMS
         # One ledger of compiles per process; like a hit in XLA's persistent cache, a kept
         # executable's load counts as its program's compile (Runtime.compiles: programs built).
@@ -130,6 +129,20 @@ def group_body(flat: Any) -> Any:
         return kept, metrics
 
     return body
+
+
+def _moves(program_key: str, capacity: int, states: list, one: list, slot: Any, device: Any) -> tuple:
+    """The slot moves (``put``, ``take``) at this capacity, kept whole like the group program:
+    tracing and lowering them (~50 ms for a Flax TrainState's leaves) held the GIL against the
+    dispatcher during the group's first steps, in every process; a kept pair loads in a few ms."""
+    nbytes = tree_nbytes(states)
+    put, _, _ = EXECUTABLES.compile(
+        EXECUTABLES.key("put", program_key, capacity, device=device), lambda: _put.lower(states, one, slot),
+        device=device, nbytes=nbytes, trial=lambda c: c(*zeros_like([states, one, slot])))
+    take, _, _ = EXECUTABLES.compile(
+        EXECUTABLES.key("take", program_key, capacity, device=device), lambda: _take.lower(states, slot),
+        device=device, nbytes=nbytes, trial=lambda c: c(*zeros_like([states, slot])))
+    return put, take
 
 
 def _compile_into(future: Future, compile_fn: Any) -> None:
