@@ -128,6 +128,10 @@ class Groups:
         self._close(group)
 
     def _close(self, group: Group) -> None:
+        # Its last steps' fence records are paired while it can still be found by id: the
+        # recorder drains only a few times a second, and records of a unit it cannot find are
+        # dropped (a fused run's timeline lost up to its last ~200 ms of group steps).
+        self.timeline.drain()
         self.groups.pop(group.id, None)
         self.units.stop(group)
         self.units.leave_lane(group)
