@@ -1,10 +1,13 @@
-"""Fused group programs kept whole beside the compilation cache (compiled/executables.py): a
-later process (here: a cleared in-process cache) loads the group program instead of lowering
-it, runs it once on zeros first, and ends in the state the vmapped loop reaches; a kept file
-that does not load is dropped and the program compiled again; only fresh compiles are kept."""
+"""Programs kept whole beside the compilation cache (compiled/executables.py): a later process
+(here: cleared in-process caches) loads a fused group's program, or a job's one-step program
+keyed by its jaxpr, instead of lowering it, runs it once on zeros first, and ends in the state
+the vmapped loop (the jit loop) reaches; a kept file that does not load is dropped and the
+program compiled again; only fresh compiles are kept."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 
 import jax
@@ -13,10 +16,11 @@ import pytest
 
 import xshare
 from xshare import ffi
-from xshare.runtime.compiled import fusion
+from xshare.runtime.compiled import compiler, fusion
 from xshare.runtime.compiled.compiler import PROGRAMS
+from xshare.runtime.compiled.program import jaxpr_identity
 from xshare.runtime.compiled.executables import _HIT_EVENT, EXECUTABLES, FRESH, Executables
-from tests.helpers import assert_trees_equal, linreg_data, linreg_state, linreg_step
+from tests.helpers import assert_trees_equal, linreg_data, linreg_state, linreg_step, plain_loop
 from tests.users.harness import vmapped_loop
 
 STEPS = 24
@@ -179,3 +183,56 @@ class Recording(FromXlaCache):
     def compile(self, compiler_options=None):
         self.options.append(compiler_options)
         return self.lowered.compile(compiler_options=compiler_options)
+
+
+def run_alone(cache) -> tuple:
+    PROGRAMS.clear()  # as in a new process: no program in memory
+    spec = linreg_step.bind(linreg_state(seed=7), linreg_data(seed=7), steps=STEPS, name="alone")
+    with xshare.Runtime(memory="256MiB", policy="fifo", steps_per_call=1, compilation_cache=str(cache)) as rt:
+        handle = rt.submit(spec)
+        rt.wait()
+        fenced = rt.fences
+    settle()
+    return handle.result()[0], fenced
+
+
+def test_a_kept_one_step_program_is_loaded_without_lowering_and_ends_where_jit_does(store, monkeypatch):
+    want = plain_loop(linreg_step.bind(linreg_state(seed=7), linreg_data(seed=7), steps=STEPS))[0]
+    first, _ = run_alone(store)
+    assert len(kept(store)) == 1  # its one-step program, a fresh compile
+    loaded, lowered = EXECUTABLES.loaded, []
+    real = compiler.lower_fenced
+    monkeypatch.setattr(compiler, "lower_fenced", lambda *a: lowered.append(a) or real(*a))
+    second, fenced = run_alone(store)
+    assert EXECUTABLES.loaded == loaded + 1
+    if fenced:  # (keyed by its jaxpr: the program that runs was never lowered)
+        assert lowered == []
+    assert_trees_equal(first, want)
+    assert_trees_equal(second, want)
+
+
+_IDENTITY = """
+import jax, jax.numpy as jnp
+from xshare.runtime.compiled.program import jaxpr_identity
+for scale in (1.0, 2.0):
+    c = jnp.arange(3.0) * scale
+    print(jaxpr_identity(jax.make_jaxpr(lambda x: jnp.tanh(x + c).sum() * 0.5)(jnp.ones(3))))
+"""
+
+
+def test_a_jaxpr_key_is_the_same_in_another_process_and_differs_with_a_constants_value():
+    def identities() -> list[str]:
+        out = subprocess.run([sys.executable, "-c", _IDENTITY], capture_output=True, text=True, check=True)
+        return out.stdout.splitlines()
+
+    one, other = identities(), identities()
+    assert len(one) == 2
+    assert one == other and "None" not in one  # a kept program is found again by a new process
+    assert one[0] != one[1]  # the constant's bytes are in the key, not only its shape
+
+
+def test_a_step_that_calls_back_into_python_is_keyed_by_its_lowering():
+    def step(x):
+        return jax.pure_callback(lambda a: a, jax.ShapeDtypeStruct((), jnp.float32), x)
+
+    assert jaxpr_identity(jax.make_jaxpr(step)(1.0)) is None

@@ -1,14 +1,16 @@
 """Compile once per program: ahead-of-time, donated, fenced executables shared by every job
 whose step is the same program.
 
-A *program key* is a fingerprint of what determines the code, never of who calls it: the
-StableHLO of the program that runs (the step over flat leaves, between the fences when fenced),
-the avals and placement of its state and batch, donation, device and whether it is fenced. Fence identity (ring, job, lane) is a run-time
+A *program key* is a fingerprint of what determines the code, never of who calls it: the jaxpr
+of the step over flat leaves (``program.jaxpr_identity``: its text, constants and the jax
+options lowering reads; the StableHLO of the program that runs where that text is not
+reproducible), the avals and placement of its state and batch, donation, device and whether it
+is fenced (then the program runs between the fences). Fence identity (ring, job, lane) is a run-time
 operand (``ffi.fenced``), so the fenced executable is the same for every job of a sweep: N
 identical jobs cost one XLA compile. (JAX's jit cache cannot do this for us: each job is
 lowered separately, and the persistent compilation cache only helps across processes.)
 
-Two levels, because lowering costs tens of milliseconds:
+Two levels, because tracing costs tens of milliseconds:
   * the *trace memo*: (the ``Job`` object, avals, device, fenced) -> program, the same rule
     ``jax.jit`` uses (a function object and avals determine its trace), so N specs bound from
     one ``@xshare.job`` step skip tracing altogether;
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
 import weakref
 from concurrent.futures import Future
 from typing import Any, Callable, TypeVar
@@ -33,7 +36,7 @@ from .leaves import Promote, layout_of
 from .promotions import PROMOTIONS, fingerprint
 from .program import (  # noqa: F401 - re-exported: the compiler's public names
     ASSUMED_FLOPS_PER_S, DONATE, CompiledStep, _avals, _flops, abstract, flat_step, has_host_callback,
-    lower_fenced, lower_unfenced, program_key, replay, trace_unfenced, tree_nbytes)
+    jaxpr_identity, lower_fenced, lower_unfenced, program_key, replay, trace_unfenced, tree_nbytes)
 
 
 T = TypeVar("T")
@@ -160,40 +163,45 @@ class ProgramCache:
                            batch_layout: Any, device: Any, fenced: bool, promote: frozenset) -> CompiledStep:
         names: list[tuple[str, ...]] = []
         flat = flat_step(job.fn, state_layout, batch_layout, names)
-        if fenced:
-            # One lowering, of the program that runs: the user's step traced once, its jaxpr
-            # replayed between the fences and lowered, and that text keyed (the fences' identity
-            # is an operand, so the text is the same for every job). Lowering the unfenced step
-            # only to key it cost a second lowering on every program's path to its first step
-            # (~30-40 ms of a ~0.17 s start for the hook's TrainState net).
-            jaxpr = trace_unfenced(flat, state_struct, batch_struct)
-            replayed = replay(jaxpr, len(state_struct))
-            lowered = lower_fenced(replayed, state_struct, batch_struct, device)
-        else:
-            jaxpr, lowered = lower_unfenced(flat, state_struct, batch_struct)
-            replayed = replay(jaxpr, len(state_struct))
-        text = lowered.as_text()
-        key = program_key(text, state_avals=_avals(state_struct), batch_avals=_avals(batch_struct),
+        # The user's step traced once; every program built on it from here (fenced, K-step,
+        # fused) replays its jaxpr rather than tracing the user's step again.
+        jaxpr = trace_unfenced(flat, state_struct, batch_struct)
+        replayed = replay(jaxpr, len(state_struct))
+
+        def lower() -> Any:
+            # The program that runs: between the fences when fenced (the fences' identity is an
+            # operand, so it is the same for every job).
+            if fenced:
+                return lower_fenced(replayed, state_struct, batch_struct, device)
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+                return jax.jit(replayed, donate_argnums=DONATE).lower(state_struct, batch_struct)
+
+        # Keyed by what the jaxpr computes, and lowered only when it compiles: a program kept
+        # whole (executables.py) then loads without any lowering (~30 ms of a ~0.17 s start for
+        # the hook's TrainState net). A jaxpr whose text is not the same in every process, or
+        # that calls back into Python, is keyed by its lowering, as before.
+        identity, callbacks, build = jaxpr_identity(jaxpr), False, lower
+        if identity is None:
+            lowered = lower()
+            identity = lowered.as_text()
+            callbacks = has_host_callback(identity)
+            build = lambda: lowered  # noqa: E731 - lowered once, for its key
+        key = program_key(identity, state_avals=_avals(state_struct), batch_avals=_avals(batch_struct),
                           keys=state_layout.keys_of() + batch_layout.keys_of(), metric_names=names[0],
                           donate=DONATE, device=device, fenced=fenced,
-                          callbacks_of=job.fn if has_host_callback(text) else None)
+                          callbacks_of=job.fn if callbacks else None)
         fut, owner = self._claim(self._programs, key)
         if not owner:
             return fut.result()
-
-        # Every program built on this one from here (K-step, fused) replays its jaxpr rather
-        # than tracing the user's step again.
         flat = replayed
-
-        def lower() -> Any:
-            return lowered
 
         result = CompiledStep(key=key, metric_names=names[0], state_struct=state_struct,
                               batch_struct=batch_struct, state_layout=state_layout,
-                              batch_layout=batch_layout, fenced=fenced, flat=flat, lowered=lower,
-                              on_compile=self._count)
+                              batch_layout=batch_layout, fenced=fenced, flat=flat, lowered=build,
+                              on_compile=self._count, device=device)
         # What constant lifting reads (sweeps.py): the jaxpr, and whether it calls the host.
-        result.jaxpr, result.host_callback = jaxpr, has_host_callback(text)
+        result.jaxpr, result.host_callback = jaxpr, callbacks
         result.promoted = promote
         fut.set_result(result)
         return result
@@ -227,7 +235,7 @@ class ProgramCache:
             result = CompiledStep(key=key, metric_names=ref.metric_names, state_struct=state_struct,
                                   batch_struct=batch_struct, state_layout=ref.state_layout,
                                   batch_layout=ref.batch_layout, fenced=ref.fenced, flat=flat,
-                                  lowered=lower, on_compile=self._count)
+                                  lowered=lower, on_compile=self._count, device=device)
             result.jaxpr, result.host_callback, result.promoted = None, False, ref.promoted
         except BaseException as err:
             with self._lock:

@@ -1,10 +1,12 @@
-"""Fused group programs and K-step programs kept whole beside the persistent compilation cache.
+"""Programs kept whole beside the persistent compilation cache: one-step, fused group and K-step
+programs, and a group's slot moves.
 
 A fused sweep's first step waits for its group program, and on a machine whose XLA cache
 already holds that program the wait is not XLA's: it is the Python that traces and lowers the
 vmapped step (~0.1 s for the hook's Flax TrainState on a 2-core CPU), needed only to compute
 XLA's cache key. So the group program's executable (and a K-step program's, lowered on the
-tiers' thread while jobs run) is also kept under xshare's own key (the program's key, the
+tiers' thread while jobs run; a job's one-step program, keyed by its jaxpr and lowered only to
+compile: ``program.jaxpr_identity``) is also kept under xshare's own key (the program's key, the
 capacity or form, the fences, the versions, the device, ``XLA_FLAGS``), in
 ``<compilation cache>/executables/``, and a later process loads it without lowering anything
 (~2 ms).

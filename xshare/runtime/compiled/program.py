@@ -37,7 +37,7 @@ class CompiledStep:
 
     def __init__(self, *, key: str, metric_names: tuple[str, ...], state_struct: Any, batch_struct: Any,
                  state_layout: Any, batch_layout: Any, fenced: bool, flat: Callable,
-                 lowered: Callable[[], Any], on_compile: Callable[[float], None]):
+                 lowered: Callable[[], Any], on_compile: Callable[[float], None], device: Any = None):
         self.key = key                      # the program key (hex)
         self.metric_names = metric_names    # the packed metrics vector's entries, in order
         # Flat lists of ShapeDtypeStructs: the carried arrays (leaves.py) of state and batch.
@@ -47,6 +47,7 @@ class CompiledStep:
         # record; these serve tools that hold only the program (compile_step, the dry run).
         self.state_layout, self.batch_layout = state_layout, batch_layout
         self.fenced = fenced
+        self.device = device                # where it runs (None: compiled as lowered, not kept)
         self.flat = flat                    # the unfenced step over flat leaves (fusion vmaps it)
         self._lowered: Callable[[], Any] | None = lowered  # None once compiled
         self._on_compile = on_compile       # called with XLA's compile time (s)
@@ -72,10 +73,8 @@ class CompiledStep:
                     with warnings.catch_warnings():
                         warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
                         assert self._lowered is not None  # (dropped only once compiled)
-                        lowered = self._lowered()
-                        t0 = time.perf_counter()  # XLA's part only (lowering is not compiling)
-                        compiled = lowered.compile()
-                    self._on_compile(time.perf_counter() - t0)
+                        compiled, seconds = self._build(self._lowered)
+                    self._on_compile(seconds)
                     fp = footprint_from_analysis(
                         compiled.memory_analysis(), state_bytes=tree_nbytes(self.state_struct),
                         batch_bytes=tree_nbytes(self.batch_struct), prefetch=0, job=self.key[:12],
@@ -83,6 +82,24 @@ class CompiledStep:
                     self._compiled = (compiled, fp, _flops(compiled))
                     self._lowered = None  # the compiled program is all that is needed now
         return self
+
+    def _build(self, lower: Callable[[], Any]) -> tuple[Any, float]:
+        """``(compiled, seconds)``: kept whole beside the compilation cache where the runtime
+        keeps executables (a later process loads it without lowering), else lowered and
+        compiled (seconds: XLA's part only; lowering is not compiling)."""
+        if self.device is None:
+            lowered = lower()
+            t0 = time.perf_counter()
+            return lowered.compile(), time.perf_counter() - t0
+        from .executables import EXECUTABLES
+
+        args = [self.state_struct, self.batch_struct]
+        if self.fenced:
+            sharding = jax.sharding.SingleDeviceSharding(self.device)
+            args.append(jax.ShapeDtypeStruct((3,), np.int32, sharding=sharding))
+        compiled, seconds, _ = EXECUTABLES.compile_program(("step", self.key), lower, args, fenced=self.fenced,
+                                                           device=self.device)
+        return compiled, seconds
 
     @property
     def executable(self) -> Any:
@@ -156,6 +173,70 @@ def program_key(text: str, *, state_avals: tuple, batch_avals: tuple, keys: tupl
         digest.update(f"callbacks of {id(callbacks_of)}".encode())
     digest.update(repr((state_avals, batch_avals, keys, metric_names, donate, str(device), fenced)).encode())
     return digest.hexdigest()
+
+
+# jax options that decide nothing about a program's code (where its caches live, what it logs;
+# ``Executables`` raises the persistent cache's write threshold while it keeps a fresh copy).
+_NOT_CODE = ("jax_compilation_cache", "jax_persistent_cache", "jax_log", "jax_logging", "jax_explain_cache",
+             "jax_debug_log", "jax_raise_persistent_cache")
+
+
+def jaxpr_identity(closed: Any) -> str | None:
+    """What a step's jaxpr computes, as text to key its program by without lowering it (the
+    lowering, ~30 ms for the hook's TrainState net, is then paid only if the program is not
+    kept whole: ``executables.py``). The jaxpr's text, every constant's and literal's bytes (inner
+    jaxprs' too), the jax options that lowering reads, and jax's version. None where that text
+    is not the same in every process (a parameter printed with its address: a function in a
+    custom rule) or the step calls back into Python: such a step is keyed by its lowering."""
+    text = str(closed.jaxpr)
+    if " at 0x" in text or "callback" in text:
+        return None
+    import jaxlib
+
+    digest = hashlib.sha256(text.encode())
+    try:
+        _digest_values(digest, closed)
+    except Exception:  # noqa: BLE001 - a value numpy cannot read (an opaque constant): lower it
+        return None
+    digest.update(repr(sorted((k, repr(v)) for k, v in jax.config.values.items()
+                              if not k.startswith(_NOT_CODE))).encode())
+    digest.update(f"{jax.__version__} {jaxlib.__version__}".encode())
+    return f"jaxpr {digest.hexdigest()}"
+
+
+def _digest_values(digest: Any, closed: Any) -> None:
+    """Every constant's and literal's dtype, shape and bytes, in one deterministic walk (a jaxpr's
+    text elides array values)."""
+    from jax.extend.core import ClosedJaxpr, Jaxpr, Literal
+
+    def value(x: Any) -> None:
+        if jax.dtypes.issubdtype(getattr(x, "dtype", None), jax.dtypes.extended):
+            x = jax.random.key_data(x)  # a typed PRNG key: its impl is in the text, its bits here
+        arr = np.asarray(x)
+        digest.update(f"{arr.dtype}{list(arr.shape)}".encode())
+        digest.update(arr.tobytes())
+
+    def walk(jaxpr: Any) -> None:
+        for eqn in jaxpr.eqns:
+            for v in eqn.invars:
+                if isinstance(v, Literal):
+                    value(v.val)
+            for key in sorted(eqn.params):
+                param = eqn.params[key]
+                for sub in (param if isinstance(param, (tuple, list)) else (param,)):
+                    if isinstance(sub, ClosedJaxpr):
+                        for c in sub.consts:
+                            value(c)
+                        walk(sub.jaxpr)
+                    elif isinstance(sub, Jaxpr):
+                        walk(sub)
+        for v in jaxpr.outvars:
+            if isinstance(v, Literal):
+                value(v.val)
+
+    for c in closed.consts:
+        value(c)
+    walk(closed.jaxpr)
 
 
 def trace_unfenced(flat: Callable, state_struct: list, batch_struct: list) -> Any:
