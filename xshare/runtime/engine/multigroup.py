@@ -289,8 +289,13 @@ class GroupCalls:
         values = np.stack([np.asarray(v) for v in rows])
         self._stepped(group, li, pos, taken, values, t, k)
         group.tier.steps_at[1] = group.tier.steps_at.get(1, 0) + k
-        verdict = compare(multi, copies, (stacked, mask), scratch, arrays, values)
-        return dataclasses.replace(verdict, single_step_s=single_s)
+        def singles(state: list) -> list:
+            for i in range(k):
+                state = call(group.fused.executable, state, ([x[i] for x in stacked], mask), scratch)[0]
+            return state
+
+        verdict = compare(multi, copies, (stacked, mask), scratch, arrays, values, singles)
+        return dataclasses.replace(verdict, single_step_s=verdict.single_step_s or single_s)
 
     def _group_room(self, group: Group, multi: MultiStep) -> bool:
         """Reserve the group's K-step ephemeral bytes in its lane (False: it does not fit)."""
