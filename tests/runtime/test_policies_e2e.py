@@ -59,11 +59,16 @@ def test_srtf_runs_a_short_late_job_ahead_of_a_long_one():
     assert last < max(r.t_end_ns for r in timeline if r.job == lg.id)
 
 
+# One step per call: a turn is one call, and with K-step programs (which a process adopts at once
+# when an earlier test measured the program's: the suite's order decided it) the steps in flight
+# behind a job are up to dispatch_ahead calls of K steps, which fair cannot see until they ran;
+# over this 200-step window that was up to 2.5x apart at K=16 (sched/fair.py now weighs a turn
+# as a call of K steps; tests/sched/test_policies.py).
 @pytest.mark.parametrize("policy, fair", [("fair", True), ("fifo", False)])
 def test_fair_gives_two_equal_jobs_equal_device_time(policy, fair):
     specs = [heavy_step.bind(heavy_state(seed=i), heavy_data(seed=i), steps=400, name=f"e{i}")
              for i in range(2)]
-    with xshare.Runtime(policy=policy, memory="256MiB", max_lanes=1) as rt:
+    with xshare.Runtime(policy=policy, memory="256MiB", max_lanes=1, steps_per_call=1) as rt:
         handles = rt.submit_many(specs)
         while sum(h.progress().steps_done for h in handles) < 200:
             time.sleep(0.005)

@@ -330,3 +330,11 @@ def test_fair_lets_a_starved_job_catch_up_in_one_rotation(a_time, b_time, turns,
                                           job(2, device_time_s=b_time, step_time_s=1e-3)))
     decision, _ = get_policy("fair").pick(view, None)
     assert decision.order[0] == (1,) * turns + (2,), why
+
+
+def test_a_starved_jobs_catch_up_counts_its_k_step_calls():
+    # 9.5 ms behind at 1 ms a step: 10 turns of single steps, but a turn of a job with a K=4
+    # program may run 4 steps, so 3 turns (1 + 2 whole calls of gap) catch it up, not 10 x 4 steps.
+    jobs = (job(1, device_time_s=0.0, step_time_s=1e-3, call_steps=4), job(2, device_time_s=0.0095, step_time_s=1e-3))
+    decision, _ = get_policy("fair").pick(View(now=0.0, lanes=(0,), jobs=jobs), None)
+    assert decision.order[0] == (1, 1, 1, 2)

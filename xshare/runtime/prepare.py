@@ -1,7 +1,7 @@
 """The compile pool's side of a Runtime: from a submitted spec to a ``Prepared`` event.
 
 Per job (or, in a fused runtime, per batch of jobs of one step function, so their constants are
-lifted together): restore its checkpoint, peek its first batch, lower and key its program through
+lifted together): restore its checkpoint, peek its first batch, trace and key its program through
 the process-wide cache (or, for a job its family's lifted program already covers, only trace it),
 choose the program it runs (``sweeps``), compile what it needs, and post the result to the
 dispatcher, which alone writes the job's record.
@@ -50,7 +50,7 @@ class Preparation:
 
     def _prepare_program(self, job: JobRecord, opened: tuple | None = None, *,
                          lower: bool = True) -> Any:
-        """Restore a checkpoint, peek the first batch, lower (and unless fused, compile) the
+        """Restore a checkpoint, peek the first batch, key (and unless fused, compile) the
         job's own program. Nothing here writes the job's record (the dispatcher thread owns
         it): the result goes to the dispatcher as a ``Prepared`` event; None if the job already
         ended (its end is posted). ``opened``: what ``_open`` returned for it, if called already.
@@ -71,7 +71,7 @@ class Preparation:
             elif not lower:
                 return DEFER
             else:
-                # Fused: lowered and keyed only (the group compiles its own vmapped program).
+                # Fused: traced and keyed only (the group compiles its own vmapped program).
                 choice, program = None, PROGRAMS.get(spec.job, spec.state, first, device=self.device,
                                                      fenced=self.fenced, compile=not self.config.fuse)
                 promote = program.promoted

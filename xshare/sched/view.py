@@ -29,6 +29,7 @@ class JobView:
     turn_steps: int         # consecutive steps in its lane's current turn (0 if not the current job)
     host_s: float = 0.0     # measured host seconds per step the device waits (dispatch, data);
                             # ~0 when the host keeps ahead of the device
+    call_steps: int = 1     # steps one call of its may run: its K-step program's K (1 without one)
 
 
 @dataclass(frozen=True, slots=True)

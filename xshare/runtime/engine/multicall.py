@@ -187,8 +187,8 @@ class MultiCalls:
         known = multistep.VERDICTS.get(job.program.key, multi.form)
         if known is not None:
             keep = self.tiers.keeps(known)
-            self.tiers.settle(job.tier, job.program.key, multi, None if keep else known,
-                              self._make_room(job, multi) if keep else False)
+            self._settled(self.tiers.settle(job.tier, job.program.key, multi, None if keep else known,
+                                            self._make_room(job, multi) if keep else False))
             return False
         k = multi.k
         if ksteps.steps_per_call(self.bounds(job), (1, k)) < k or self.ready_batches(job, k) < k:
@@ -199,7 +199,8 @@ class MultiCalls:
             return True
         verdict = self._check(job, li, pos, multi)
         keep = self.tiers.keeps(verdict)
-        self.tiers.settle(job.tier, job.program.key, multi, verdict, self._make_room(job, multi) if keep else False)
+        self._settled(self.tiers.settle(job.tier, job.program.key, multi, verdict,
+                                        self._make_room(job, multi) if keep else False))
         self.recorder.line(job, f"programs: {job.tier.note}")
         return True
 
@@ -240,6 +241,12 @@ class MultiCalls:
         verdict = compare(multi, copies, stacked, scratch, arrays, values, singles)
         pipeline.after_steps(job, step, k)
         return dataclasses.replace(verdict, single_step_s=verdict.single_step_s or single_s)
+
+    def _settled(self, runs_multi: bool) -> None:
+        """A unit that moved to its K-step program takes longer turns: the policy is asked
+        again (fair weighs a turn as up to K of its steps: ``sched.fair``)."""
+        if runs_multi:
+            self.units.changed = True
 
     def _make_room(self, job: JobRecord, multi: MultiStep) -> bool:
         """Reserve the K-step program's ephemeral bytes (K stacked batches, K metrics rows, its
@@ -302,19 +309,22 @@ def compare(multi: MultiStep, copies: list, stacked: Any, scratch: Any, arrays: 
                    deviation=deviation)
 
 
-# Rounds of the check's timing; a program whose fastest round so far took longer than
-# ``TIMING_LONG_S`` stops there (a burst on another thread is a small part of so long a round,
-# and more rounds of it would hold its job for seconds).
-TIMING_ROUNDS, TIMING_LONG_S = 3, 0.5
+# Rounds of the check's timing, while they have taken less than ``TIMING_BUDGET_S`` in all. What
+# disturbed the one-round timing was a wait for the GIL (~5 ms, Python's switch interval, on a
+# K=16 call of ~0.5 ms), so a small program's rounds (a few ms) are each a fresh chance; a
+# program whose round is longer than the budget is timed once, as before (its check would
+# otherwise hold its job, and a fair or srtf policy's turns, for longer).
+TIMING_ROUNDS, TIMING_BUDGET_S = 3, 0.02
 
 
 def _timed(multi: MultiStep, state: list, stacked: Any, scratch: Any,
            singles: Callable[[list], list] | None) -> tuple[float, float]:
     """(K-step call, single step) seconds per step: the fastest of the rounds (see ``compare``),
     on a scratch copy that each call carries on from."""
-    best_multi = best_single = best_round = math.inf
+    best_multi = best_single = math.inf
+    start = time.perf_counter()
     for _ in range(TIMING_ROUNDS):
-        start = t0 = time.perf_counter()
+        t0 = time.perf_counter()
         state = call(multi.executable, state, stacked, scratch)[0]
         jax.block_until_ready(state)
         best_multi = min(best_multi, (time.perf_counter() - t0) / multi.k)
@@ -323,7 +333,6 @@ def _timed(multi: MultiStep, state: list, stacked: Any, scratch: Any,
             state = singles(state)
             jax.block_until_ready(state)
             best_single = min(best_single, (time.perf_counter() - t0) / multi.k)
-        best_round = min(best_round, time.perf_counter() - start)
-        if best_round > TIMING_LONG_S:
+        if time.perf_counter() - start > TIMING_BUDGET_S:
             break
     return best_multi, (best_single if singles is not None else 0.0)
