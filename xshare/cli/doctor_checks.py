@@ -121,7 +121,7 @@ def cache_section() -> tuple[dict, list[Check]]:
     files = [p for p in directory.rglob("*") if p.is_file()] if directory.is_dir() else []
     data = {"launch_dir": str(directory), "exists": directory.is_dir(), "entries": len(files),
             "bytes": sum(p.stat().st_size for p in files),
-            # fused group and K-step programs kept whole (runtime/compiled/executables.py)
+            # programs kept whole (runtime/compiled/executables.py)
             "executables": sum(1 for p in files if p.parent.name == "executables" and p.suffix == ".xla"),
             "this_process_dir": jax.config.jax_compilation_cache_dir}  # type: ignore[attr-defined]  # jax sets its options on Config at import (setattr)
     writable = os.access(directory if directory.is_dir() else _existing_parent(directory), os.W_OK)

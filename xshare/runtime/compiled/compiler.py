@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import threading
 import time
-import warnings
 import weakref
 from concurrent.futures import Future
 from typing import Any, Callable, TypeVar
@@ -173,9 +172,7 @@ class ProgramCache:
             # operand, so it is the same for every job).
             if fenced:
                 return lower_fenced(replayed, state_struct, batch_struct, device)
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-                return jax.jit(replayed, donate_argnums=DONATE).lower(state_struct, batch_struct)
+            return lower_unfenced(replayed, state_struct, batch_struct)
 
         # Keyed by what the jaxpr computes, and lowered only when it compiles: a program kept
         # whole (executables.py) then loads without any lowering (~30 ms of a ~0.17 s start for

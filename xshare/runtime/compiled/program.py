@@ -12,7 +12,6 @@ import hashlib
 import math
 import re
 import threading
-import time
 import warnings
 from typing import Any, Callable
 
@@ -37,7 +36,7 @@ class CompiledStep:
 
     def __init__(self, *, key: str, metric_names: tuple[str, ...], state_struct: Any, batch_struct: Any,
                  state_layout: Any, batch_layout: Any, fenced: bool, flat: Callable,
-                 lowered: Callable[[], Any], on_compile: Callable[[float], None], device: Any = None):
+                 lowered: Callable[[], Any], on_compile: Callable[[float], None], device: Any):
         self.key = key                      # the program key (hex)
         self.metric_names = metric_names    # the packed metrics vector's entries, in order
         # Flat lists of ShapeDtypeStructs: the carried arrays (leaves.py) of state and batch.
@@ -47,7 +46,7 @@ class CompiledStep:
         # record; these serve tools that hold only the program (compile_step, the dry run).
         self.state_layout, self.batch_layout = state_layout, batch_layout
         self.fenced = fenced
-        self.device = device                # where it runs (None: compiled as lowered, not kept)
+        self.device = device                # where it runs
         self.flat = flat                    # the unfenced step over flat leaves (fusion vmaps it)
         self._lowered: Callable[[], Any] | None = lowered  # None once compiled
         self._on_compile = on_compile       # called with XLA's compile time (s)
@@ -86,11 +85,7 @@ class CompiledStep:
     def _build(self, lower: Callable[[], Any]) -> tuple[Any, float]:
         """``(compiled, seconds)``: kept whole beside the compilation cache where the runtime
         keeps executables (a later process loads it without lowering), else lowered and
-        compiled (seconds: XLA's part only; lowering is not compiling)."""
-        if self.device is None:
-            lowered = lower()
-            t0 = time.perf_counter()
-            return lowered.compile(), time.perf_counter() - t0
+        compiled (``Executables.compile``; seconds: XLA's part only, or a kept one's load)."""
         from .executables import EXECUTABLES
 
         args = [self.state_struct, self.batch_struct]
@@ -240,19 +235,18 @@ def _digest_values(digest: Any, closed: Any) -> None:
 
 
 def trace_unfenced(flat: Callable, state_struct: list, batch_struct: list) -> Any:
-    """The jaxpr of ``flat`` over the structs, as ``lower_unfenced`` traces it, without lowering
+    """The jaxpr of ``flat`` over the structs, as ``jax.jit`` traces it, without lowering
     (lowering costs about as much again as tracing: ~40 ms for the digits model on CPU)."""
     return jax.jit(flat, donate_argnums=DONATE).trace(state_struct, batch_struct).jaxpr
 
 
-def lower_unfenced(flat: Callable, state_struct: list, batch_struct: list) -> tuple[Any, Any]:
-    """(the jaxpr, the lowering) of ``flat`` over the structs: one trace gives both."""
+def lower_unfenced(flat: Callable, state_struct: list, batch_struct: list) -> Any:
+    """The lowering of ``flat`` over the structs: the program an unfenced runtime runs."""
     with warnings.catch_warnings():
         # The batch is donated for the fences' sake; when no output can reuse it XLA says so
         # once per compile, which is expected here and not actionable by the user.
         warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-        traced = jax.jit(flat, donate_argnums=DONATE).trace(state_struct, batch_struct)
-        return traced.jaxpr, traced.lower()
+        return jax.jit(flat, donate_argnums=DONATE).lower(state_struct, batch_struct)
 
 
 def lower_fenced(flat: Callable, state_struct: list, batch_struct: list, device: Any) -> Any:
@@ -266,7 +260,7 @@ def lower_fenced(flat: Callable, state_struct: list, batch_struct: list, device:
 
 
 def replay(closed: Any, n_state: int) -> Callable:
-    """The step over flat leaves as ``closed`` (its jaxpr, from ``lower_unfenced``) computes it,
+    """The step over flat leaves as ``closed`` (its jaxpr, from ``trace_unfenced``) computes it,
     for the programs built on a step after its first trace: the fenced program, its K-step
     scans, a fused group's vmap. Each would otherwise run the user's Python again (Flax modules,
     optax chains: tens of ms per trace, on the compile thread before the first step). The same

@@ -187,7 +187,7 @@ class MultiCalls:
         known = multistep.VERDICTS.get(job.program.key, multi.form)
         if known is not None:
             keep = self.tiers.keeps(known)
-            self._settled(self.tiers.settle(job.tier, job.program.key, multi, None if keep else known,
+            self.settled(self.tiers.settle(job.tier, job.program.key, multi, None if keep else known,
                                             self._make_room(job, multi) if keep else False))
             return False
         k = multi.k
@@ -199,7 +199,7 @@ class MultiCalls:
             return True
         verdict = self._check(job, li, pos, multi)
         keep = self.tiers.keeps(verdict)
-        self._settled(self.tiers.settle(job.tier, job.program.key, multi, verdict,
+        self.settled(self.tiers.settle(job.tier, job.program.key, multi, verdict,
                                         self._make_room(job, multi) if keep else False))
         self.recorder.line(job, f"programs: {job.tier.note}")
         return True
@@ -242,7 +242,7 @@ class MultiCalls:
         pipeline.after_steps(job, step, k)
         return dataclasses.replace(verdict, single_step_s=verdict.single_step_s or single_s)
 
-    def _settled(self, runs_multi: bool) -> None:
+    def settled(self, runs_multi: bool) -> None:
         """A unit that moved to its K-step program takes longer turns: the policy is asked
         again (fair weighs a turn as up to K of its steps: ``sched.fair``)."""
         if runs_multi:

@@ -250,7 +250,7 @@ class GroupCalls:
         known = multistep.VERDICTS.get(key, multi.form)
         if known is not None:
             keep = self.tiers.keeps(known)
-            self.multi._settled(self.tiers.settle(group.tier, key, multi, None if keep else known,
+            self.multi.settled(self.tiers.settle(group.tier, key, multi, None if keep else known,
                                                   self._group_room(group, multi) if keep else False))
             return False
         k = multi.k
@@ -267,7 +267,7 @@ class GroupCalls:
             return False
         verdict = self._check(group, li, pos, multi, *got)
         keep = self.tiers.keeps(verdict)
-        self.multi._settled(self.tiers.settle(group.tier, key, multi, verdict,
+        self.multi.settled(self.tiers.settle(group.tier, key, multi, verdict,
                                               self._group_room(group, multi) if keep else False))
         for job in group.members:
             self.recorder.line(job, f"programs of {group.name}: {group.tier.note}")
