@@ -27,7 +27,7 @@ from ..compiled.multistep import VERDICTS
 from ..compiled.payoff import FUSION, FusionVerdict
 from ..config import RuntimeConfig
 from .group import Group
-from .multicall import call, scratch_ident
+from .multicall import call, scratch_ident, state_copy
 
 if TYPE_CHECKING:
     from .admission import Admission
@@ -101,7 +101,7 @@ class FuseCheck:
         mask = np.ones((capacity,), np.bool_)
         fused_s = _fastest(lambda copy: group.fused.executable(
             *((copy, (stacked, mask)) + ((scratch,) if scratch is not None else ()))),
-            [x.copy() for x in group.arrays])
+            state_copy(group.arrays))
         solo_s = _fastest(lambda copy: call(group.program.executable, copy, [z.copy() for z in group.zero_batch],
                                             scratch), list(fusion.take(group.fused, group.arrays, slot)))
         # What one executable call costs beyond its work (the K-step checks measure it; CALL_S

@@ -28,7 +28,7 @@ from ..config import RuntimeConfig
 from .group import Group
 from ..compiled.multistep import MultiStep, Verdict
 from .lifecycle import Lifecycle
-from .multicall import MultiCalls, _done, call, compare, scratch_ident
+from .multicall import MultiCalls, _done, call, compare, scratch_ident, state_copy
 from .records import JobRecord
 from .source import END, DataError, Feeding
 from .tiers import Candidate, Tiers, typical_step_s
@@ -276,7 +276,7 @@ class GroupCalls:
     def _check(self, group: Group, li: int, pos: int, multi: MultiStep, taken: dict,
                      stacked: list, mask: np.ndarray) -> Verdict:
         k = multi.k
-        copies = [[x.copy() for x in group.arrays] for _ in range(2)]
+        copies = [state_copy(group.arrays) for _ in range(2)]
         scratch = scratch_ident(group, self.ring, self.device)
         arrays, rows = group.arrays, []
         t = time.monotonic_ns()
