@@ -64,7 +64,16 @@ def test_the_old_models_spelling_resolves_to_the_installed_copy_with_a_warning(t
     assert "models.mlp:make_job" in proc.stdout
 
 
-def test_lr_sweep_plans_eight_fusable_jobs_and_runs_fused(tmp_path):
+def test_lr_sweep_plans_eight_fusable_jobs_and_runs_fused(tmp_path, monkeypatch):
+    from xshare.runtime.compiled import fusion
+    from xshare.runtime.compiled.compiler import PROGRAMS
+    from xshare.runtime.compiled.executables import EXECUTABLES, Executables
+    # As on a machine that kept none of its programs: with the jobs' own program kept and not
+    # their group's, 20-step jobs would finish alone before their group compiled (prepare.py).
+    monkeypatch.setattr(EXECUTABLES, "directory", EXECUTABLES.directory)  # (restored after)
+    monkeypatch.setattr(EXECUTABLES, "persist", lambda directory: Executables.persist(EXECUTABLES, tmp_path))
+    PROGRAMS.clear()
+    fusion._cache.clear()
     plan = specs.plan_file(EXAMPLES / "lr_sweep.toml")
     assert len(plan.jobs) == 8 and plan.runtime.fuse
     assert main(["launch", str(EXAMPLES / "lr_sweep.toml"), "--steps", "20", "--out", str(tmp_path / "run")]) == 0

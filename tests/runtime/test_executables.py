@@ -56,9 +56,22 @@ def kept(cache) -> list:
 
 @pytest.fixture
 def store(tmp_path, monkeypatch):
-    """The process-wide store pointed at this test's cache, restored after it."""
+    """The process-wide store pointed at this test's cache, restored after it; slot moves
+    compiled (and kept) as on an accelerator, not moved through numpy as a small CPU stack's
+    are (fusion.HOST_MOVES_BYTES)."""
     monkeypatch.setattr(EXECUTABLES, "directory", EXECUTABLES.directory)
+    monkeypatch.setattr(fusion, "HOST_MOVES_BYTES", -1)
     return tmp_path / "cache"
+
+
+def test_a_small_cpu_stack_keeps_only_its_group_program(tmp_path, monkeypatch):
+    """Its slots move through numpy: no move programs to compile or keep."""
+    monkeypatch.setattr(EXECUTABLES, "directory", EXECUTABLES.directory)
+    want = vmapped_loop(specs(), 4, STEPS)
+    got = run_fused(tmp_path / "cache")
+    assert len(kept(tmp_path / "cache")) == 1
+    for g, w in zip(got, want):
+        assert_trees_equal(g, w)
 
 
 def test_a_kept_group_program_is_loaded_not_compiled_and_ends_where_the_vmapped_loop_does(store):
@@ -236,3 +249,68 @@ def test_a_step_that_calls_back_into_python_is_keyed_by_its_lowering():
         return jax.pure_callback(lambda a: a, jax.ShapeDtypeStruct((), jnp.float32), x)
 
     assert jaxpr_identity(jax.make_jaxpr(step)(1.0)) is None
+
+
+@pytest.mark.parametrize("steps_per_call", [1, None])
+def test_jobs_step_alone_on_their_kept_program_while_their_group_compiles_then_move_in(
+        store, monkeypatch, steps_per_call):
+    """A fused runtime whose jobs' own program is kept whole (an unfused run kept it) but whose
+    group program is not compiled: the jobs do not wait for that compile. They step alone on
+    their program, move into the group at a step boundary once it is compiled, and end where
+    the jit loop does (one to sixteen steps per call)."""
+    from xshare.runtime import prepare
+    from xshare.runtime.compiled.payoff import FUSION, FusionVerdicts
+    # No fusion verdict for this program (the session's file may hold one): its group opens.
+    monkeypatch.setattr(FUSION, "_table", FusionVerdicts()._table)
+    monkeypatch.setattr(FUSION, "persist", lambda directory: None)
+    # A core to spare for the group's compile (a 2-core CPU machine has none: prepare.py)
+    monkeypatch.setattr(prepare, "cores_to_spare", lambda platform: 1)
+    from tests.helpers import plain_loop
+    kw = {} if steps_per_call is None else {"steps_per_call": steps_per_call}
+    PROGRAMS.clear()
+    with xshare.Runtime(memory="256MiB", compilation_cache=str(store), **kw) as rt:
+        rt.submit_many(specs())
+        rt.wait()
+    settle()
+    assert kept(store)  # the jobs' own program (and a K-step one, where it was kept)
+    PROGRAMS.clear()  # as in a new process: no program in memory
+    fusion._cache.clear()
+    built = threading.Event()
+    compile_group = fusion.fused_program
+
+    def fused_program(*args, **kwargs):
+        out = compile_group(*args, **kwargs)
+        built.set()
+        return out
+
+    monkeypatch.setattr(fusion, "fused_program", fused_program)
+
+    def gated(seed):
+        data = linreg_data(seed=seed)
+
+        def batch(k):
+            if k == 10:  # (the jobs step alone until here at least, then wait for the group)
+                assert built.wait(60)
+            return data(k)
+        return batch
+
+    jobs = [linreg_step.bind(linreg_state(seed=i), gated(i), steps=STEPS, name=f"k{i}") for i in range(3)]
+    # (fuse=True: fuse="always" runs every step fused, so its jobs wait for their group)
+    with xshare.Runtime(memory="256MiB", fuse=True, compilation_cache=str(store), **kw) as rt:
+        handles = rt.submit_many(jobs)
+        rt.wait()
+        fused = rt.snapshot()["runtime"]["fused_member_steps"]
+    assert built.is_set()
+    assert [h.status() for h in handles] == ["done"] * 3
+    assert 3 * 10 <= 3 * STEPS - fused and fused > 0  # their first ten steps alone, later ones fused
+    for h, i in zip(handles, range(3)):
+        assert_trees_equal(h.result()[0], plain_loop(linreg_step.bind(linreg_state(seed=i), linreg_data(seed=i),
+                                                                      steps=STEPS))[0])
+
+
+def test_a_compile_beside_stepping_jobs_needs_a_core_neither_the_dispatcher_nor_a_cpu_device_holds(monkeypatch):
+    from xshare.runtime import prepare
+    monkeypatch.setattr(prepare.os, "sched_getaffinity", lambda pid: {0, 1})
+    assert prepare.cores_to_spare("cpu") == 0 and prepare.cores_to_spare("gpu") == 1
+    monkeypatch.setattr(prepare.os, "sched_getaffinity", lambda pid: set(range(16)))
+    assert prepare.cores_to_spare("cpu") == 14

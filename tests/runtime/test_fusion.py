@@ -260,9 +260,11 @@ def test_an_exception_inside_the_fused_step_fails_every_member_a_paused_one_too_
     assert rt.snapshot()["groups"] == []
 
 
-def test_slot_moves_give_the_same_stack_on_the_host_on_the_device_and_while_compiling():
-    """A group forms on the host, moves slots with compiled put/take once it stepped, and
-    falls back to a host copy while those still compile: all three must agree exactly."""
+def test_slot_moves_give_the_same_stack_on_the_host_on_the_device_and_while_compiling(monkeypatch):
+    """A group forms on the host, moves slots with compiled put/take once it stepped, falls
+    back to a host copy while those still compile, and on a CPU device moves a small stack's
+    slots through numpy without compiled moves: all must agree exactly."""
+    import dataclasses
     from concurrent.futures import Future
 
     from xshare.runtime.compiled import fusion
@@ -271,18 +273,25 @@ def test_slot_moves_give_the_same_stack_on_the_host_on_the_device_and_while_comp
     device = jax.devices()[0]
     state, data = linreg_state(), linreg_data()
     program = PROGRAMS.get(linreg_step, state, data(0), device=device, fenced=False, compile=False)
+    monkeypatch.setattr(fusion, "HOST_MOVES_BYTES", -1)  # compiled moves, as on an accelerator
+    fusion._cache.clear()
     ready = fusion.fused_program(program, 4, device, fenced=False, prefetch=1)
     ready.moves.result()
-    compiling = fusion.FusedProgram(ready.executable, 4, ready.footprint, ready.flops, Future(), 0.0)
+    compiling = dataclasses.replace(ready, moves=Future())
+    monkeypatch.undo()
+    fusion._cache.clear()
+    numpy_moves = fusion.fused_program(program, 4, device, fenced=False, prefetch=1)
+    assert numpy_moves.moves is None  # (CPU, a stack of a few bytes)
     one = [np.full(x.shape, 7, x.dtype) for x in jax.tree.leaves(state)]
 
     host = fusion.put(ready, fusion.host_stack(program, 4), one, 2)
     assert fusion.on_host(host)
     on_device = fusion.put(ready, jax.device_put(fusion.host_stack(program, 4), device), one, 2)
     fallback = fusion.put(compiling, jax.device_put(fusion.host_stack(program, 4), device), one, 2)
-    assert not fusion.on_host(on_device) and fusion.on_host(fallback)
-    for stack in (host, on_device, fallback):
-        for fused in (ready, compiling):
+    through_numpy = fusion.put(numpy_moves, jax.device_put(fusion.host_stack(program, 4), device), one, 2)
+    assert not fusion.on_host(on_device) and fusion.on_host(fallback) and fusion.on_host(through_numpy)
+    for stack in (host, on_device, fallback, through_numpy):
+        for fused in (ready, compiling, numpy_moves):
             assert_trees_equal(fusion.take(fused, stack, 2), one)
             assert all(float(np.abs(np.asarray(x)).max()) == 0 for x in fusion.take(fused, stack, 1))
 
@@ -302,6 +311,7 @@ def test_a_process_that_exits_while_slot_moves_compile_exits_cleanly():
         device = jax.devices()[0]
         program = PROGRAMS.get(linreg_step, linreg_state(), linreg_data()(0), device=device,
                                fenced=False, compile=False)
+        fusion.HOST_MOVES_BYTES = -1  # compiled moves, as on an accelerator
         fused = fusion.fused_program(program, 8, device, fenced=False, prefetch=1)
         # (its moves are still compiling as the script ends: they take ~0.1 s)
     """)

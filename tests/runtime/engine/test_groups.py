@@ -199,3 +199,45 @@ def test_a_group_ending_in_lockstep_does_not_compile_a_smaller_program_it_could_
     for j in jobs[2:]:
         parts.life.end(j, _cancel())
     assert g.capacity == 8 and device.compiled == [("mlp", 8)]
+
+
+def test_jobs_that_stepped_alone_while_their_group_compiled_gather_into_it():
+    """prepare.py posts jobs whose group program compiles as solo jobs (``GROUP_COMPILING``);
+    once it is compiled, those still running move into one group with one reservation, and a
+    job not admitted yet joins it as any job would."""
+    from xshare.runtime.engine.groups import GROUP_COMPILING
+    parts, groups, _ = grouped()
+    a, b, c = (fused_job(n, hint=3) for n in "abc")
+    for j in (a, b, c):
+        j.unfused = GROUP_COMPILING
+    parts.submit(a, b)  # (c: not admitted yet)
+    assert groups.all() == [] and a.state is S.RUNNING and a.in_ledger  # alone meanwhile
+    groups.gather(Program("mlp"), [a, b, c], compiled=True)
+    (g,) = groups.all()
+    assert g.members == [a, b] and g.capacity == 2 and not a.in_ledger and parts.ledger() == {g.id}
+    assert all(j.unfused is None for j in (a, b, c))
+    assert "moved into group-0" in parts.recorder.said("a")[-1]
+    parts.submit(c)
+    assert g.members == [a, b, c] and g.capacity == 4
+
+
+def test_a_gathering_that_would_not_pay_or_whose_program_failed_leaves_them_alone(monkeypatch):
+    from xshare.runtime.compiled.payoff import FUSION, FusionVerdict, FusionVerdicts
+    from xshare.runtime.engine.groups import GROUP_COMPILING
+    monkeypatch.setattr(FUSION, "_table", FusionVerdicts()._table)
+    FUSION.put("mlp", FusionVerdict(capacity=2, solo_step_s=50e-6, fused_step_s=400e-6))  # loses
+    parts, groups, _ = grouped()
+    a, b = fused_job("a", hint=2), fused_job("b", hint=2)
+    for j in (a, b):
+        j.unfused = GROUP_COMPILING
+    parts.submit(a, b)
+    groups.gather(Program("mlp"), [a, b], compiled=True)
+    assert groups.all() == [] and a.group is None and a.in_ledger
+    assert a.unfused.startswith("fusing does not pay for this program")
+    assert "stays alone: fusing does not pay" in parts.recorder.said("a")[-1]
+    c, d = fused_job("c", "cnn", hint=2), fused_job("d", "cnn", hint=2)
+    for j in (c, d):
+        j.unfused = GROUP_COMPILING
+    parts.submit(c, d)
+    groups.gather(Program("cnn"), [c, d], compiled=False)
+    assert groups.all() == [] and c.unfused == "its group's program did not compile"

@@ -95,6 +95,14 @@ class Executables:
         return self.compile(self.key(*parts, fenced, _ffi_sources(fenced), device=device), lower,
                             device=device, nbytes=tree_nbytes(args[:2]), trial=trial)
 
+    def has_program(self, parts: tuple, args: list, *, fenced: bool, device: Any) -> bool:
+        """Whether ``compile_program(parts, ...)`` would load a kept executable rather than
+        compile (its file is there; the trial call still decides when it loads)."""
+        directory = self.directory if tree_nbytes(args[:2]) <= TRIAL_BYTES else None
+        if directory is None:
+            return False
+        return (directory / f"{self.key(*parts, fenced, _ffi_sources(fenced), device=device)}.xla").exists()
+
     def compile(self, key: str, lower: Callable[[], Any], *, device: Any, nbytes: int,
                 trial: Callable[[Any], Any]) -> tuple[Any, float, bool]:
         """``(compiled, seconds, loaded)``: the kept executable for ``key`` if there is one and

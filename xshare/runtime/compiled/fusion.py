@@ -41,9 +41,16 @@ class FusedProgram:
     capacity: int
     footprint: Footprint   # persistent = capacity x one state; ephemeral from memory_analysis
     flops: float | None
-    moves: Future          # -> (put, take): (stacked, one slot's leaves, slot) -> stacked; (stacked, slot) -> leaves
+    moves: Future | None   # -> (put, take): (stacked, one slot's leaves, slot) -> stacked; (stacked, slot) -> leaves
+    #                        (None: slots move through host memory, see ``host_moves``)
     compile_s: float       # what compiling the step cost (to judge whether a shrink pays)
 
+
+# On a CPU device a stack up to this size moves its slots through numpy (the device's memory is
+# the host's: a copy of the stack costs microseconds) rather than through compiled moves, whose
+# compile (~0.26 s of XLA for a Flax TrainState's 16 leaves at 8 slots, ~0.5 s beside a running
+# group on 2 cores) cost a cold fused run more than every move it makes.
+HOST_MOVES_BYTES = 64 << 20
 
 _cache: dict[tuple, FusedProgram] = {}
 _lock = threading.Lock()
@@ -73,15 +80,9 @@ def fused_program(program: CompiledStep, capacity: int, device: Any, *, fenced: 
             return hit
         body = group_body(program.flat)
         sharding = jax.sharding.SingleDeviceSharding(device)
-        stack = lambda s: jax.ShapeDtypeStruct((capacity, *s.shape), s.dtype, sharding=sharding)  # noqa: E731
-        states = [stack(s) for s in jax.tree.leaves(program.state_struct)]
-        batches = [stack(s) for s in jax.tree.leaves(program.batch_struct)]
-        mask = jax.ShapeDtypeStruct((capacity,), np.bool_, sharding=sharding)
-        args: list[Any] = [states, (batches, mask)]
-        fn = body
-        if fenced:
-            fn = ffi.fenced(body, donated=True)
-            args.append(jax.ShapeDtypeStruct((3,), np.int32, sharding=sharding))
+        args = _group_args(program, capacity, device, fenced)
+        states = args[0]
+        fn = ffi.fenced(body, donated=True) if fenced else body
 
         def lower() -> Any:
             return jax.jit(fn, donate_argnums=(0, 1)).lower(*args)
@@ -98,11 +99,13 @@ def fused_program(program: CompiledStep, capacity: int, device: Any, *, fenced: 
         slot = jax.ShapeDtypeStruct((), np.int32, sharding=sharding)
         one = [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding)
                for s in jax.tree.leaves(program.state_struct)]
-        moves: Future = Future()
-        # Not a daemon: a process that ends while XLA compiles on a daemon thread aborts in
-        # C++ at exit ("FATAL: exception not rethrown"); exit waits for this instead (< 1 s).
-        threading.Thread(target=_compile_into, name="xshare-compile-moves", daemon=False,
-                         args=(moves, lambda: _moves(program.key, capacity, states, one, slot, device))).start()
+        moves: Future | None = None
+        if not host_moves(device, tree_nbytes(states)):
+            moves = Future()
+            # Not a daemon: a process that ends while XLA compiles on a daemon thread aborts in
+            # C++ at exit ("FATAL: exception not rethrown"); exit waits for this instead (< 1 s).
+            threading.Thread(target=_compile_into, name="xshare-compile-moves", daemon=False,
+                             args=(moves, lambda: _moves(program.key, capacity, states, one, slot, device))).start()
         from .compiler import PROGRAMS
         # One ledger of compiles per process; like a hit in XLA's persistent cache, a kept
         # executable's load counts as its program's compile (Runtime.compiles: programs built).
@@ -117,6 +120,20 @@ def fused_program(program: CompiledStep, capacity: int, device: Any, *, fenced: 
         out = FusedProgram(compiled, capacity, fp, _flops(compiled), moves, seconds)
         _cache[key] = out
         return out
+
+
+def _group_args(program: CompiledStep, capacity: int, device: Any, fenced: bool) -> list:
+    """The group program's arguments as ShapeDtypeStructs: stacked states, (stacked batches,
+    slot mask)[, the fences' ident]."""
+    sharding = jax.sharding.SingleDeviceSharding(device)
+    stack = lambda s: jax.ShapeDtypeStruct((capacity, *s.shape), s.dtype, sharding=sharding)  # noqa: E731
+    states = [stack(s) for s in jax.tree.leaves(program.state_struct)]
+    batches = [stack(s) for s in jax.tree.leaves(program.batch_struct)]
+    mask = jax.ShapeDtypeStruct((capacity,), np.bool_, sharding=sharding)
+    args: list[Any] = [states, (batches, mask)]
+    if fenced:
+        args.append(jax.ShapeDtypeStruct((3,), np.int32, sharding=sharding))
+    return args
 
 
 def group_body(flat: Any) -> Any:
@@ -179,9 +196,14 @@ def host_stack(program: CompiledStep, capacity: int) -> list:
     return [np.zeros((capacity, *s.shape), s.dtype) for s in jax.tree.leaves(program.state_struct)]
 
 
+def host_moves(device: Any, stack_bytes: int) -> bool:
+    """Whether a group's slots move through host memory (see ``HOST_MOVES_BYTES``)."""
+    return device.platform == "cpu" and stack_bytes <= HOST_MOVES_BYTES
+
+
 def take(fused: FusedProgram, states: list, slot: int) -> list:
     """One slot's state leaves (new arrays: safe from the group's next donation)."""
-    if on_host(states) or not fused.moves.done():
+    if on_host(states) or fused.moves is None or not fused.moves.done():
         # (the moves still compiling: one copy of the stack to the host beats waiting for them)
         return [np.array(x[slot]) for x in jax.device_get(states)]
     return fused.moves.result()[1](states, np.int32(slot))
@@ -190,14 +212,16 @@ def take(fused: FusedProgram, states: list, slot: int) -> list:
 def put(fused: FusedProgram, states: list, values: list, slot: int) -> list:
     """``states`` with ``values`` in ``slot``: written in place while the stack is on the host;
     while the moves still compile (a member joins right after its group's first steps), the
-    stack comes back to the host rather than the dispatcher waiting for them."""
-    if not on_host(states) and not fused.moves.done():
+    stack comes back to the host rather than the dispatcher waiting for them (as it always
+    does where slots move through host memory: ``host_moves``)."""
+    moves = fused.moves
+    if not on_host(states) and (moves is None or not moves.done()):
         states = [np.array(x) for x in jax.device_get(states)]
-    if on_host(states):
+    if on_host(states) or moves is None:
         for x, v in zip(states, values):
             x[slot] = np.asarray(v)
         return states
-    return fused.moves.result()[0](states, jax.device_put(values, states[0].sharding, may_alias=False),
+    return moves.result()[0](states, jax.device_put(values, states[0].sharding, may_alias=False),
                                    np.int32(slot))
 
 
@@ -205,6 +229,16 @@ def cached(program: CompiledStep, capacity: int, *, fenced: bool, prefetch: int,
            group_ahead: int = 0) -> bool:
     """Whether ``fused_program`` for this capacity is compiled already (free to switch to)."""
     return (program.key, capacity, fenced, prefetch, ahead, group_ahead) in _cache
+
+
+def loads(program: CompiledStep, capacity: int, device: Any, *, fenced: bool, prefetch: int, ahead: int = 0,
+          group_ahead: int = 0) -> bool:
+    """Whether ``fused_program`` for this capacity costs no XLA compile: compiled in this
+    process, or kept whole beside the compilation cache (a few ms to load)."""
+    if cached(program, capacity, fenced=fenced, prefetch=prefetch, ahead=ahead, group_ahead=group_ahead):
+        return True
+    return EXECUTABLES.has_program(("group", program.key, capacity), _group_args(program, capacity, device, fenced),
+                                   fenced=fenced, device=device)
 
 
 def regroup(states: list, slots: list[int], capacity: int) -> list:

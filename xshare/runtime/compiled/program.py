@@ -82,17 +82,30 @@ class CompiledStep:
                     self._lowered = None  # the compiled program is all that is needed now
         return self
 
+    def loads(self) -> bool:
+        """Whether this program is ready without an XLA compile: compiled in this process, or
+        kept whole beside the compilation cache (``ensure`` then loads it)."""
+        if self._compiled is not None:
+            return True
+        from .executables import EXECUTABLES
+
+        return EXECUTABLES.has_program(("step", self.key), self._args(), fenced=self.fenced, device=self.device)
+
+    def _args(self) -> list:
+        """The program's arguments as ShapeDtypeStructs: state, batch[, the fences' ident]."""
+        args = [self.state_struct, self.batch_struct]
+        if self.fenced:
+            sharding = jax.sharding.SingleDeviceSharding(self.device)
+            args.append(jax.ShapeDtypeStruct((3,), np.int32, sharding=sharding))
+        return args
+
     def _build(self, lower: Callable[[], Any]) -> tuple[Any, float]:
         """``(compiled, seconds)``: kept whole beside the compilation cache where the runtime
         keeps executables (a later process loads it without lowering), else lowered and
         compiled (``Executables.compile``; seconds: XLA's part only, or a kept one's load)."""
         from .executables import EXECUTABLES
 
-        args = [self.state_struct, self.batch_struct]
-        if self.fenced:
-            sharding = jax.sharding.SingleDeviceSharding(self.device)
-            args.append(jax.ShapeDtypeStruct((3,), np.int32, sharding=sharding))
-        compiled, seconds, _ = EXECUTABLES.compile_program(("step", self.key), lower, args, fenced=self.fenced,
+        compiled, seconds, _ = EXECUTABLES.compile_program(("step", self.key), lower, self._args(), fenced=self.fenced,
                                                            device=self.device)
         return compiled, seconds
 

@@ -264,6 +264,12 @@ class Dispatcher:
         if job.state is S.COMPILING:
             self.admission.admit(job)
 
+    def group_ready(self, program: Any, jobs: list[JobRecord], compiled: bool) -> None:
+        """The group program of jobs that stepped alone while it compiled is ready (or failed):
+        they move in at this step boundary (``Groups.gather``)."""
+        self.owned()
+        self.groups.gather(program, [job for job in jobs if not job.terminal], compiled)
+
     def fail_now(self, job: JobRecord, cause: str, err: BaseException | None) -> None:
         self.owned()
         if not job.terminal:

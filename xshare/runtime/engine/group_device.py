@@ -29,8 +29,9 @@ class GroupDevice:
                                     **self.staging)
 
     def cached(self, program: Any, capacity: int) -> bool:
-        """Whether that program is compiled already (so a resize to it costs no compile)."""
-        return fusion.cached(program, capacity, fenced=self.ring is not None, **self.staging)
+        """Whether that program costs no compile (compiled already, or kept whole: a resize to
+        it is free)."""
+        return fusion.loads(program, capacity, self.device, fenced=self.ring is not None, **self.staging)
 
     def open(self, gid: int, program: Any, fused: Any, lane: int, name: str) -> Group:
         """A new, empty group on ``lane``: zeroed stacked state on the host, its fence id."""

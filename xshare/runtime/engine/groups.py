@@ -27,6 +27,10 @@ from .units import Units
 
 S = JobState
 
+# Why a job of a fused runtime steps alone for now (``Prepared.unfused``): its group's program
+# compiles while its own was ready (``prepare.Preparation._group_later``); ``gather`` moves it in.
+GROUP_COMPILING = "its group's program is compiling: it steps alone on its own program meanwhile"
+
 
 class GroupDevice(Protocol):
     """The device effects of groups (``group_device.GroupDevice``)."""
@@ -106,6 +110,35 @@ class Groups:
         self.units.run(group)
         return True
 
+    def gather(self, program: Any, jobs: list, compiled: bool) -> None:
+        """The group program of ``jobs`` (stepping alone while it compiled) is ready, or failed
+        (``compiled`` False): those still running move into one group at this step boundary if
+        at least two do and fusing pays by what was measured (``FUSION``; its compile is paid
+        now); the others, and jobs not yet admitted, join as any job would from now."""
+        waiting = [job for job in jobs if job.unfused == GROUP_COMPILING]
+        for job in waiting:
+            job.unfused = None if compiled else "its group's program did not compile"
+        movers = [job for job in waiting if compiled and self._can_adopt(job) and job.program.key == program.key]
+        if not movers or any(g.program.key == program.key for g in self.groups.values()):
+            return  # (a group of the program opened meanwhile: later joiners adopt them)
+        if not opens_alone(len(movers), 0, False, self.floor):
+            return
+        capacity = open_capacity(len(movers), self.floor)
+        lefts = [job.steps_left for job in movers]
+        reason = FUSION.weigh(program.key, capacity, len(movers), None if None in lefts else sum(lefts),
+                              0.0) if self.measured else None
+        if reason is not None:
+            for job in movers:
+                job.unfused = reason
+                self.recorder.line(job, f"stays alone: {reason}")
+            return
+        group = self._open(program, capacity)
+        if group is None:
+            return  # no room for the group's reservation now: they go on alone
+        for job in movers:
+            self._adopt(job, group, job.lifted)
+        self.units.run(group)
+
     def leave(self, job: Any) -> None:
         """``job`` leaves its slot (it ended, or goes to host memory): the group shrinks if it
         pays, or closes and gives its reservation back once empty."""
@@ -156,16 +189,19 @@ class Groups:
         """(solo job, its lifted values) of running jobs that can step in ``job``'s program."""
         out = []
         for other in self.units.running.values():
-            if other.is_group or other.group is not None or other.arrays is None or other is job \
-                    or other.unfused is not None:
-                continue
-            if other.state is not S.RUNNING or other.error is not None or other.steps_left == 0:
+            if other is job or other.is_group or other.unfused is not None or not self._can_adopt(other):
                 continue
             if other.program.key == job.program.key:
                 out.append((other, other.lifted))
             elif self.sweeps is not None and (lifted := self.sweeps.adoptable(other.traced, job.program)) is not None:
                 out.append((other, lifted))
         return out
+
+    @staticmethod
+    def _can_adopt(job: Any) -> bool:
+        """Whether ``job`` steps alone now, with steps left, and could move into a group."""
+        return (job.group is None and job.arrays is not None and job.state is S.RUNNING
+                and job.error is None and job.steps_left != 0)
 
     def _adopt(self, solo: Any, group: Group, lifted: tuple) -> None:
         """Move a job that steps alone into ``group`` at this step boundary: its state (plus
