@@ -329,3 +329,43 @@ def test_a_round_longer_than_the_checks_timing_budget_is_its_only_one(monkeypatc
     multi = SimpleNamespace(k=2, executable=lambda state, batch: (calls.append(1) or state, jnp.zeros((2, 1))))
     multicall._timed(multi, [jnp.zeros(3)], None, None, None)
     assert len(calls) == 1
+
+
+def test_a_program_that_ran_here_before_weighs_its_k_step_compile_against_its_later_runs_too(monkeypatch, tmp_path):
+    """A form one run cannot repay is compiled once a program has run on this machine before:
+    the form is kept for its later runs (compiled/history.py). Recorded once per process."""
+    from concurrent.futures import Future
+
+    from xshare.runtime.compiled import history
+    from xshare.runtime.engine import tiers as tiers_module
+    from xshare.runtime.engine.tiers import Candidate, JobTier, Tiers
+
+    monkeypatch.setattr(multistep, "VERDICTS", multistep.Verdicts())
+    monkeypatch.setattr(multistep.VERDICTS, "typical_call_s", lambda: 60e-6)
+    # K=16 saves ~56 us a step: 2992 steps left ~0.17 s, less than a ~0.45 s compile (0.3 s x 1.5 rolled)
+    c = Candidate(key="k", compile=lambda f: None, steps_done=8, step_s=100e-6, steps_left=2992,
+                  gap_s=None, period=None)
+
+    def weigh(past: history.Runs | None) -> JobTier:
+        table = history.RunHistory()
+        table.persist(str(tmp_path / ("h" if past is None else f"h{past.runs}")))
+        if past is not None:
+            table._table.put("k", past)
+        monkeypatch.setattr(tiers_module, "HISTORY", table)
+        tier = JobTier()
+        Tiers(device=None, submit=lambda fn: Future(), max_k=32, compile_estimate=lambda: 0.3).consider(tier, c)
+        return tier
+
+    first = weigh(None)
+    assert first.form is None and "less than its compile" in first.note
+    assert history.Runs(1, 3000).expected_steps() == 3000
+    again = weigh(history.Runs(1, 3000))   # 5992 steps: ~0.34 s, still less
+    assert again.form is None and "~3000 expected of later runs here" in again.note
+    often = weigh(history.Runs(5, 15000))  # three more runs expected: 11992 steps, ~0.67 s
+    assert often.form == FORMS[0] and "compiling" in often.note
+    table = tiers_module.HISTORY
+    assert table.get("k") == history.Runs(6, 18000)  # this run counted, once
+    assert table.begin("k", 3000) == 9000 and table.get("k") == history.Runs(6, 18000)
+    reread = history.RunHistory()
+    reread.persist(str(tmp_path / "h5"))
+    assert reread.get("k") == history.Runs(6, 18000)  # kept beside the compilation cache

@@ -146,6 +146,7 @@ class Runtime:
         self.compilation_cache = compilation_cache_dir(compilation_cache)
         if self.compilation_cache is not None:
             from .compiled.executables import EXECUTABLES
+            from .compiled.history import HISTORY
             from .compiled.multistep import VERDICTS
             from .compiled.payoff import FUSION
             from .compiled.promotions import PROMOTIONS
@@ -153,6 +154,7 @@ class Runtime:
             FUSION.persist(self.compilation_cache)
             PROMOTIONS.persist(self.compilation_cache)  # one trace per step, not two (promotions.py)
             EXECUTABLES.persist(self.compilation_cache)  # a fused group's first step unlowered (executables.py)
+            HISTORY.persist(self.compilation_cache)  # how often each program ran here (history.py)
         # GPU preallocation must be configured before the backend starts (DESIGN: memory model).
         configure_preallocation()
         self.device = device if device is not None else jax.devices()[0]

@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 from ...sched.steps import pow2_floor, promotion_pays
 from ..compiled import multistep
+from ..compiled.history import HISTORY
 from ..compiled.multistep import FORMS, Form, MultiStep, Verdict
 
 log = logging.getLogger("xshare.runtime")
@@ -136,14 +137,19 @@ class Tiers:
         now = c.step_s + (c.gap_s or 0.0)
         after = now - min(multistep.VERDICTS.typical_call_s() * (1 - 1 / form.k), 0.9 * now)
         estimate = (self._compile_estimate() or 0.5) * (_UNROLLED_FACTOR if form.unroll else _ROLLED_FACTOR)
-        if promotion_pays(c.steps_left, now, after, estimate):
+        # The form is kept for later runs of the program on this machine: the steps its earlier
+        # runs here lead us to expect of them count too (compiled/history.py).
+        later = HISTORY.begin(c.key, c.steps_done + c.steps_left) if c.steps_left is not None else 0
+        steps = None if c.steps_left is None else c.steps_left + later
+        over = f"{c.steps_left} steps left" + (f" and ~{later} expected of later runs here" if later else "")
+        if promotion_pays(steps, now, after, estimate):
             tier.note = (f"compiling {form.describe()}: ~{(now - after) * 1e6:.0f} us/step to save over "
-                         f"{c.steps_left} steps left, more than its compile (~{estimate:.2f} s)")
+                         f"{over}, more than its compile (~{estimate:.2f} s)")
             log.debug("%s", tier.note)
             self._start(tier, c, form)
         else:
             tier.note = (f"one step per call: {form.describe()} would save ~{(now - after) * 1e6:.0f} us/step "
-                         f"over {c.steps_left} steps left, less than its compile (~{estimate:.2f} s)")
+                         f"over {over}, less than its compile (~{estimate:.2f} s)")
 
     def forms(self, period: int | None) -> list[Form]:
         """The forms to try, K no larger than ``period`` or this runtime's cap (powers of two)."""
