@@ -51,6 +51,34 @@ def test_a_paying_group_still_must_repay_its_compile_from_the_steps_left():
     assert v.weigh("k", 4, 4, 4 * 100, compile_s=0.0) is None  # compiled already: free
 
 
+def test_where_both_k_step_checks_ran_fusing_is_judged_at_each_sides_fastest_form(monkeypatch):
+    """One step per call a fused step of the zoo MLP costs each member a third of its own step;
+    at K=16 (both sides checked) it costs more: the group does not open, and says so."""
+    from xshare.runtime.compiled import multistep
+    from xshare.runtime.compiled.multistep import FORMS, Verdict, group_key
+
+    k16 = next(f for f in FORMS if f.k == 16 and not f.unroll)
+    kverdicts = multistep.Verdicts()
+    monkeypatch.setattr(multistep, "VERDICTS", kverdicts)
+    v = FusionVerdicts()
+    v.put("k", FusionVerdict(capacity=8, solo_step_s=320e-6, fused_step_s=800e-6))  # 100 us a member
+    assert v.weigh("k", 8, 8, None, 0.0) is None
+    kverdicts.put("k", Verdict(k16, True, 107e-6, 50e-6))
+    assert v.judged("k", 8) == v.get("k", 8)  # the group's own K-step check has not run: as measured
+    kverdicts.put(group_key("k", 8), Verdict(k16, True, 567e-6, 497e-6))
+    why = v.weigh("k", 8, 8, None, 0.0)
+    assert why == ("fusing does not pay for this program: a fused step of 8 slots costs each of 8 members "
+                   "62 us against 50 us for its own step (measured on this machine, fused at K=16 against "
+                   "its own program at K=16)")
+    # The hook's net: fused K=16 137 us a group step (17 a member) against 25 alone: it opens.
+    kverdicts.put(group_key("k", 8), Verdict(k16, True, 244e-6, 137e-6))
+    assert v.weigh("k", 8, 8, None, 0.0) is None and v.judged("k", 8).fused_step_s == 137e-6
+    # A form not kept (slower, or not bit-identical) is not a side's fastest: one step per call is.
+    kverdicts.put("k", Verdict(k16, False, 107e-6, 50e-6, why="state leaf 0 differs"))
+    assert v.judged("k", 8).solo_step_s == 107e-6
+    assert v.get("k", 8).basis == ""  # the kept verdict itself is unchanged
+
+
 def test_a_running_group_dissolves_only_past_the_margin():
     assert LOSES.loses(4) and not PAYS.loses(4)
     close = FusionVerdict(4, solo_step_s=100e-6, fused_step_s=4 * 105e-6)  # 5% worse: noise

@@ -232,6 +232,23 @@ class Verdicts:
 FILE = "verdicts.json"
 
 
+def group_key(program_key: str, capacity: int) -> str:
+    """The key a fused group's K-step verdicts are kept under (its program at that capacity)."""
+    return f"{program_key}/fused{capacity}"
+
+
+def fastest(verdicts: list[Verdict]) -> tuple[int, float] | None:
+    """(K, seconds per step) of the fastest form these verdicts kept (bit-identical and faster),
+    or of one step per call if none was; None without a verdict."""
+    if not verdicts:
+        return None
+    best = (1, min(v.single_step_s for v in verdicts))
+    for v in verdicts:
+        if v.kept and v.multi_step_s < best[1]:
+            best = (v.form.k, v.multi_step_s)
+    return best
+
+
 def _decode(r: dict[str, Any]) -> tuple[tuple[str, Form], Verdict]:
     """One row of ``verdicts.json``: the program key, the form and what its check found."""
     form = Form(int(r["k"]), bool(r["unroll"]))

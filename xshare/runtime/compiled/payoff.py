@@ -15,7 +15,7 @@ K-step verdicts are (``multistep.Verdicts``): a relaunch knows without measuring
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from ...sched.steps import fusion_pays
@@ -33,6 +33,8 @@ class FusionVerdict:
     capacity: int
     solo_step_s: float
     fused_step_s: float
+    # Not kept: where a verdict was judged at each side's fastest K-step form (``judged``), which.
+    basis: str = ""
 
     def member_step_s(self, members: int) -> float:
         """What one fused step costs each of ``members`` members."""
@@ -52,7 +54,8 @@ class FusionVerdict:
         """The reason, in numbers, that fusing ``members`` jobs does not pay."""
         return (f"fusing does not pay for this program: a fused step of {self.capacity} slots costs each "
                 f"of {members} members {self.member_step_s(members) * 1e6:.0f} us against "
-                f"{self.solo_step_s * 1e6:.0f} us for its own step (measured on this machine)")
+                f"{self.solo_step_s * 1e6:.0f} us for its own step (measured on this machine"
+                f"{self.basis and ', ' + self.basis})")
 
 
 class FusionVerdicts:
@@ -67,6 +70,27 @@ class FusionVerdicts:
     def get(self, program_key: str, capacity: int) -> FusionVerdict | None:
         return self._table.get((program_key, capacity))
 
+    def judged(self, program_key: str, capacity: int) -> FusionVerdict | None:
+        """The verdict a group's opening goes by. Measured at one step per call; but a solo job
+        and a group each move to a K-step form where it pays, and at K=16 the per-call host cost
+        that fusing shares is mostly gone on both sides: the zoo MLP (width 64, batch 64) costs
+        ~100 us a member step fused against ~320 alone one step per call, but ~62 against ~50 at
+        K=16 (this CPU), so its sweep ran slower fused than unfused. Where the K-step checks of
+        both the program and its group at ``capacity`` ran here (``multistep.VERDICTS``, kept
+        beside the cache), the two are compared at each side's fastest kept form instead, as
+        the checks timed them (each on a scratch copy, the same way)."""
+        verdict = self.get(program_key, capacity)
+        if verdict is None:
+            return None
+        # (multistep imports jax; the group decisions stay importable without it)
+        from .multistep import VERDICTS, fastest, group_key
+        solo = fastest(VERDICTS.of(program_key))
+        fused = fastest(VERDICTS.of(group_key(program_key, capacity)))
+        if solo is None or fused is None or (solo[0] == 1 and fused[0] == 1):
+            return verdict
+        return FusionVerdict(capacity, solo[1], fused[1],
+                             basis=f"fused at K={fused[0]} against its own program at K={solo[0]}")
+
     def put(self, program_key: str, verdict: FusionVerdict) -> None:
         self._table.put((program_key, verdict.capacity), verdict)
 
@@ -79,7 +103,7 @@ class FusionVerdicts:
         it (no verdict yet: it opens, and is measured). ``member_steps_left``: the members' steps
         left, summed (None: open-ended); ``compile_s``: what its program costs to compile (0 if
         compiled)."""
-        verdict = self.get(program_key, capacity)
+        verdict = self.judged(program_key, capacity)
         if verdict is None:
             return None
         if not verdict.pays(members):
@@ -99,7 +123,8 @@ def _decode(r: dict[str, Any]) -> tuple[tuple[str, int], FusionVerdict]:
 
 
 def _encode(key: tuple[str, int], verdict: FusionVerdict) -> dict[str, Any]:
-    return {"program": key[0], **asdict(verdict)}
+    return {"program": key[0], "capacity": verdict.capacity, "solo_step_s": verdict.solo_step_s,
+            "fused_step_s": verdict.fused_step_s}
 
 
 FUSION = FusionVerdicts()

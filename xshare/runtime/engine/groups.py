@@ -86,7 +86,7 @@ class Groups:
             if not opens_alone(job.fuse_hint, len(solos), job.shared, self.floor):
                 return False
             capacity = open_capacity(job.fuse_hint + len(solos), self.floor)
-            verdict = FUSION.get(key, capacity) if self.measured else None
+            verdict = FUSION.judged(key, capacity) if self.measured else None
             if verdict is not None and not verdict.pays(job.fuse_hint + len(solos)):
                 return False  # measured: a fused step costs its members more than their own
             group = self._open(job.program, capacity)

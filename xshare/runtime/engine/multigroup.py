@@ -308,7 +308,7 @@ class GroupCalls:
 
 
 def _group_key(group: Group) -> str:
-    return f"{group.program.key}/fused{group.capacity}"
+    return multistep.group_key(group.program.key, group.capacity)
 
 
 def _shape_mismatch(batch: list, like: list) -> str | None:
