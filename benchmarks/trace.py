@@ -114,7 +114,9 @@ def replay(trace: Sequence[TraceJob], runtime: Any, *, compile_only: bool = Fals
                      "steps_done": p.steps_done,
                      "run_s": (snap["ended_s"] - snap["started_s"]) if snap.get("ended_s") is not None
                      and snap.get("started_s") is not None else None,
-                     "device_time_s": snap.get("device_time_s")})
+                     "device_time_s": snap.get("device_time_s"),
+                     # where the tiers ran it (steps per K) and why (its kept form, or none)
+                     "steps_per_call": snap.get("steps_per_call"), "programs": snap.get("programs")})
     done = [r for r in rows if r["status"] == "done"]
     return {
         "jobs": rows,

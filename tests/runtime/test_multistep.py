@@ -4,7 +4,9 @@ every policy; a K-step form that is not bit-identical is never kept; boundaries 
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from types import SimpleNamespace
 
 import jax
 import numpy as np
@@ -365,7 +367,86 @@ def test_a_program_that_ran_here_before_weighs_its_k_step_compile_against_its_la
     assert often.form == FORMS[0] and "compiling" in often.note
     table = tiers_module.HISTORY
     assert table.get("k") == history.Runs(6, 18000)  # this run counted, once
-    assert table.begin("k", 3000) == 9000 and table.get("k") == history.Runs(6, 18000)
+    tier = next(iter(table._seen["k"].units))
+    assert table.begin("k", tier, 3000) == 9000 and table.get("k") == history.Runs(6, 18000)
+    other = JobTier()  # another job of the program in this process: its steps count, the run does not again
+    assert table.begin("k", other, 500) == 9000 and table.get("k") == history.Runs(6, 18500)
     reread = history.RunHistory()
     reread.persist(str(tmp_path / "h5"))
-    assert reread.get("k") == history.Runs(6, 18000)  # kept beside the compilation cache
+    assert reread.get("k") == history.Runs(6, 18500)  # kept beside the compilation cache
+
+
+def test_under_srtf_a_kept_form_is_capped_by_its_own_step_time_not_by_one_step_per_calls(monkeypatch):
+    """The trace's 64-wide MLP: 107 us a step one per call, 49 at K=16. Under srtf a call may take
+    about 1 ms (QUANTUM_S over dispatch_ahead=1 + 1): K=16 fits at 49 us a step. Capped by its
+    one-step time (K=8) the job adopted K=16 from the machine's verdicts and then ran every step
+    one per call (the cap was below its only form)."""
+    from types import SimpleNamespace
+
+    from xshare.runtime.engine.multicall import MultiCalls
+
+    k16 = next(f for f in FORMS if f.k == 16 and not f.unroll)
+    verdicts = multistep.Verdicts()
+    verdicts.put("p", multistep.Verdict(k16, True, 107e-6, 49e-6))
+    monkeypatch.setattr(multistep, "VERDICTS", verdicts)
+    calls = SimpleNamespace(config=SimpleNamespace(dispatch_ahead=1, quantum=1, preemptive=True,
+                                                   checkpoint_dir=None),
+                            tiers=SimpleNamespace(keeps=lambda v: v.kept))
+    calls.preemptive_cap = lambda job, step_s=None: MultiCalls.preemptive_cap(calls, job, step_s)
+    job = SimpleNamespace(step_time_s=107e-6, tier=SimpleNamespace(multi=None, step_s=None),
+                          eval=None, spec=SimpleNamespace(on_metrics=None, on_metrics_every=None),
+                          program=SimpleNamespace(key="p"))
+    assert calls.preemptive_cap(job) == 8                       # one step per call: 8 fit
+    assert MultiCalls.period(calls, job, 107e-6) == 16           # its K=16 form fits at its own speed
+    job.tier = SimpleNamespace(multi=object(), step_s=49e-6)     # it adopted that form
+    assert calls.preemptive_cap(job) == 16
+    job.tier.step_s, job.step_time_s = 126e-6, 120e-6            # the check timed it a little slower
+    assert calls.preemptive_cap(job) == 8                        # the lesser: as it was adopted
+    verdicts.put("p", multistep.Verdict(k16, True, 300e-6, 200e-6))
+    job.tier = SimpleNamespace(multi=None, step_s=None)
+    assert MultiCalls.period(calls, job, 300e-6) == 2            # 16 x 200 us does not fit: not allowed
+
+
+def test_a_form_timed_slower_is_checked_again_by_later_runs_then_left_off(monkeypatch, tmp_path):
+    """One disturbed timing must not hold a program at one step per call on a machine for good:
+    a bit-identical form timed slower is checked again by the next runs (a load of its kept
+    program and one check), up to RECHECKS checks in all; a form never exact is not."""
+    from concurrent.futures import Future
+
+    from xshare.runtime.engine.tiers import Candidate, JobTier, Tiers
+
+    verdicts = multistep.Verdicts()
+    monkeypatch.setattr(multistep, "VERDICTS", verdicts)
+    k16 = next(f for f in FORMS if f.k == 16 and not f.unroll)
+    slower = multistep.Verdict(k16, True, 120e-6, 331e-6)
+    verdicts.put("p", slower)
+    started = []
+    c = Candidate(key="p", compile=lambda f: None, steps_done=50, step_s=100e-6, steps_left=100,
+                  gap_s=None, period=None)
+
+    def run():  # a new runtime (a later process): its first job of the program weighs the forms
+        tiers = Tiers(device=None, submit=lambda fn: started.append(fn) or Future(), max_k=16,
+                      compile_estimate=lambda: 0.3)
+        tier = JobTier()
+        tiers.consider(tier, c)
+        again = JobTier()
+        tiers.consider(again, c)   # another job of it in the same runtime: not checked twice
+        return tiers, tier, again
+
+    tiers, tier, again = run()
+    assert tier.form == k16 and "checking K=16 rolled again" in tier.note and len(started) == 1
+    assert again.form is None and len(started) == 1
+    multi = SimpleNamespace(form=k16)
+    assert not tiers.settle(tier, "p", multi, slower, fits=True)      # slower again: 2 checks
+    assert verdicts.get("p", k16).checks == 2
+    tiers, tier, _ = run()
+    assert tier.form == k16 and len(started) == 2                    # the next run checks it again
+    faster = multistep.Verdict(k16, True, 107e-6, 49e-6)
+    assert tiers.settle(tier, "p", multi, faster, fits=True)          # this time it was not disturbed
+    assert verdicts.get("p", k16) == dataclasses.replace(faster, checks=3) and not faster.recheck
+    verdicts.put("p", dataclasses.replace(slower, checks=multistep.RECHECKS))
+    _, tier, _ = run()
+    assert tier.form is None and k16 in tier.tried and len(started) == 2  # left off: the next form weighed
+    verdicts.put("p", multistep.Verdict(k16, False, 120e-6, 60e-6, why="state leaf 0 differs"))
+    _, tier, _ = run()
+    assert tier.form is None and k16 in tier.tried and len(started) == 2  # never exact: never again

@@ -26,6 +26,9 @@ def verdicts(monkeypatch):
     does not attach them to the session's file (a verdict forced here must not reach other tests)."""
     monkeypatch.setattr(FUSION, "_table", FusionVerdicts()._table)  # a fresh table, in memory only
     monkeypatch.setattr(FUSION, "persist", lambda directory: None)
+    # judged on the forced verdict alone: the K-step verdicts other tests left in this process
+    # (FusionVerdicts.judged compares those where both sides have them) are not this test's
+    monkeypatch.setattr(payoff, "_kstep_verdicts", None)
     return FUSION
 
 
@@ -55,7 +58,8 @@ def test_where_both_k_step_checks_ran_fusing_is_judged_at_each_sides_fastest_for
     """One step per call a fused step of the zoo MLP costs each member a third of its own step;
     at K=16 (both sides checked) it costs more: the group does not open, and says so."""
     from xshare.runtime.compiled import multistep
-    from xshare.runtime.compiled.multistep import FORMS, Verdict, group_key
+    from xshare.runtime.compiled.multistep import FORMS, Verdict
+    from xshare.runtime.compiled.payoff import group_key
 
     k16 = next(f for f in FORMS if f.k == 16 and not f.unroll)
     kverdicts = multistep.Verdicts()

@@ -116,7 +116,7 @@ def test_a_verdicts_json_written_before_the_table_still_loads(tmp_path):
     v.put("p3", Verdict(Form(16, False), True, 3e-5, 1e-5))
     rows = json.loads((tmp_path / multistep.FILE).read_text())
     assert rows[-1] == {"program": "p3", "k": 16, "unroll": False, "exact": True, "single_step_s": 3e-5,
-                        "multi_step_s": 1e-5, "why": "", "deviation": 0.0}
+                        "multi_step_s": 1e-5, "why": "", "checks": 1, "deviation": 0.0}
     assert len(rows) == 4
 
 

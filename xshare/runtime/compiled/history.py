@@ -10,7 +10,7 @@ step at K=16 (137 us against ~208 us), ~0.2 s a run, for a compile of ~0.4 s, an
 that sweep stayed at one step per call.
 
 ``HISTORY`` keeps, per candidate key (a program's; a group's names its capacity), how many
-processes ran it and how many steps they were given, beside the compilation cache
+processes ran it and how many steps their jobs (or groups) that weighed a form were given, beside the compilation cache
 (``run-history.json``). A program that ran R times before is expected to run ``min(R,
 RUNS_AHEAD)`` times more, each as long as its runs so far on average; those steps count with
 the steps left when the tiers weigh a compile (``Tiers.consider``). A program never seen before
@@ -22,6 +22,7 @@ machine gets the form its earlier runs could not pay for alone. No jax.
 from __future__ import annotations
 
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,7 +52,7 @@ class RunHistory:
     def __init__(self) -> None:
         self._table: JsonTable[str, Runs] = JsonTable(FILE, _decode, _encode)
         self._lock = threading.Lock()
-        self._seen: dict[str, int] = {}   # this process: key -> steps expected of later runs
+        self._seen: dict[str, _Seen] = {}   # this process's runs, by key
 
     def persist(self, directory: str | None) -> None:
         self._table.persist(directory)
@@ -59,23 +60,36 @@ class RunHistory:
     def get(self, key: str) -> Runs | None:
         return self._table.get(key)
 
-    def begin(self, key: str, steps: int) -> int:
-        """This process runs ``key`` for ``steps`` steps (counted once per process: its first
-        call). Returns the steps expected of later runs, from the runs before this one."""
+    def begin(self, key: str, unit: Any, steps: int) -> int:
+        """``unit`` (a job or a group) of this process runs ``key`` for ``steps`` steps: a run
+        counts once per process (its first unit), and the steps of every unit once. Returns the
+        steps expected of later runs, from the runs before this process's."""
         with self._lock:
-            if key in self._seen:
-                return self._seen[key]
-            before = self._table.get(key)
-            expected = before.expected_steps() if before is not None else 0
-            self._seen[key] = expected
-        runs = before or Runs(0, 0)
-        self._table.put(key, Runs(runs.runs + 1, runs.steps + max(steps, 0)))
-        return expected
+            seen = self._seen.get(key)
+            first = seen is None
+            if seen is None:
+                before = self._table.get(key)
+                seen = self._seen[key] = _Seen(before.expected_steps() if before is not None else 0)
+            if unit in seen.units:
+                return seen.expected
+            seen.units.add(unit)
+            runs = self._table.get(key) or Runs(0, 0)
+            self._table.put(key, Runs(runs.runs + first, runs.steps + max(steps, 0)))
+            return seen.expected
 
     def clear(self) -> None:
         with self._lock:
             self._seen.clear()
         self._table.clear()
+
+
+class _Seen:
+    """A key's run in this process: the steps expected of later runs (read once, from the runs
+    before it) and the units whose steps it counted."""
+
+    def __init__(self, expected: int) -> None:
+        self.expected = expected
+        self.units: weakref.WeakSet[Any] = weakref.WeakSet()  # (a long-lived runtime keeps none)
 
 
 def _decode(r: dict[str, Any]) -> tuple[str, Runs]:

@@ -26,6 +26,7 @@ import numpy as np
 from ... import ffi
 from ...memory.footprint import Footprint, footprint_from_analysis
 from .compiler import PROGRAMS, CompiledStep, tree_nbytes
+from . import payoff
 from .verdict_store import JsonTable
 
 
@@ -159,6 +160,21 @@ class Verdict:
     # 0.0 when bit-identical, inf when not comparable (it raised, a shape, an int or a NaN differs),
     # NaN when not measured (a verdict kept before deviations were: ``measured``).
     deviation: float = 0.0
+    # How many processes' checks this verdict sums up: a bit-identical form timed slower is
+    # checked again by later runs (``RECHECKS``), as one timing can be disturbed (see ``recheck``).
+    checks: int = 1
+
+    @property
+    def recheck(self) -> bool:
+        """Whether a later run checks this form again: bit-identical, timed slower than one step
+        per call, and checked fewer than ``RECHECKS`` times. A check times both sides on a scratch
+        copy, the fastest of a few rounds, but a compile running beside it on a small machine can
+        still disturb every round: the trace's 64-wide MLP once timed K=16 at 331 us a step
+        against 120 one per call (it is 49 against 107), and that verdict, kept beside the cache,
+        held every later run of the program at one step per call. Rechecking costs a load of the
+        kept program and one check; a form slower every time (the small CNN's scan: 4.8x) stays
+        off after ``RECHECKS``."""
+        return self.exact and not self.faster and self.checks < RECHECKS
 
     @property
     def measured(self) -> bool:
@@ -230,23 +246,8 @@ class Verdicts:
 
 
 FILE = "verdicts.json"
+RECHECKS = 3   # checks of a bit-identical form timed slower before it is left off for good
 
-
-def group_key(program_key: str, capacity: int) -> str:
-    """The key a fused group's K-step verdicts are kept under (its program at that capacity)."""
-    return f"{program_key}/fused{capacity}"
-
-
-def fastest(verdicts: list[Verdict]) -> tuple[int, float] | None:
-    """(K, seconds per step) of the fastest form these verdicts kept (bit-identical and faster),
-    or of one step per call if none was; None without a verdict."""
-    if not verdicts:
-        return None
-    best = (1, min(v.single_step_s for v in verdicts))
-    for v in verdicts:
-        if v.kept and v.multi_step_s < best[1]:
-            best = (v.form.k, v.multi_step_s)
-    return best
 
 
 def _decode(r: dict[str, Any]) -> tuple[tuple[str, Form], Verdict]:
@@ -260,18 +261,23 @@ def _decode(r: dict[str, Any]) -> tuple[tuple[str, Form], Verdict]:
     else:
         deviation = math.inf if r["deviation"] is None else float(r["deviation"])
     return (str(r["program"]), form), Verdict(form, exact, float(r["single_step_s"]),
-                                              float(r["multi_step_s"]), str(r.get("why", "")), deviation)
+                                              float(r["multi_step_s"]), str(r.get("why", "")), deviation,
+                                              int(r.get("checks", 1)))
 
 
 def _encode(key: tuple[str, Form], v: Verdict) -> dict[str, Any]:
     row: dict[str, Any] = {"program": key[0], "k": v.form.k, "unroll": v.form.unroll, "exact": v.exact,
-                           "single_step_s": v.single_step_s, "multi_step_s": v.multi_step_s, "why": v.why}
+                           "single_step_s": v.single_step_s, "multi_step_s": v.multi_step_s, "why": v.why,
+                           "checks": v.checks}
     if v.measured:  # (an unmeasured one keeps its row without it, as it was read)
         row["deviation"] = v.deviation if math.isfinite(v.deviation) else None
     return row
 
 
 VERDICTS = Verdicts()
+# The fusion verdicts are judged at each side's fastest K-step form where both were checked
+# (payoff.FusionVerdicts.judged); payoff is importable without jax, this module is not.
+payoff.judge_with(lambda key: VERDICTS.of(key))
 
 
 def first_difference(a: list, b: list, what: str) -> str | None:

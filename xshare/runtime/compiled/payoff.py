@@ -16,7 +16,7 @@ K-step verdicts are (``multistep.Verdicts``): a relaunch knows without measuring
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from ...sched.steps import fusion_pays
 from .verdict_store import JsonTable
@@ -80,12 +80,10 @@ class FusionVerdicts:
         beside the cache), the two are compared at each side's fastest kept form instead, as
         the checks timed them (each on a scratch copy, the same way)."""
         verdict = self.get(program_key, capacity)
-        if verdict is None:
-            return None
-        # (multistep imports jax; the group decisions stay importable without it)
-        from .multistep import VERDICTS, fastest, group_key
-        solo = fastest(VERDICTS.of(program_key))
-        fused = fastest(VERDICTS.of(group_key(program_key, capacity)))
+        if verdict is None or _kstep_verdicts is None:
+            return verdict
+        solo = fastest(_kstep_verdicts(program_key))
+        fused = fastest(_kstep_verdicts(group_key(program_key, capacity)))
         if solo is None or fused is None or (solo[0] == 1 and fused[0] == 1):
             return verdict
         return FusionVerdict(capacity, solo[1], fused[1],
@@ -114,6 +112,34 @@ class FusionVerdicts:
             return (f"fusing would not repay its program's compile: {member_steps_left} member steps "
                     f"left save {saved:.2f} s against a {compile_s:.2f} s compile")
         return None
+
+
+# A program's K-step verdicts by key (``multistep.VERDICTS.of``): multistep sets it when it is
+# imported. It needs jax; this module does not, and the group decisions tested without jax judge
+# at one step per call.
+_kstep_verdicts: Callable[[str], list] | None = None
+
+
+def judge_with(verdicts_of: Callable[[str], list]) -> None:
+    global _kstep_verdicts
+    _kstep_verdicts = verdicts_of
+
+
+def group_key(program_key: str, capacity: int) -> str:
+    """The key a fused group's K-step verdicts are kept under (its program at that capacity)."""
+    return f"{program_key}/fused{capacity}"
+
+
+def fastest(verdicts: list) -> tuple[int, float] | None:
+    """(K, seconds per step) of the fastest form these K-step verdicts kept (bit-identical and
+    faster), or of one step per call if none was; None without a verdict."""
+    if not verdicts:
+        return None
+    best = (1, min(v.single_step_s for v in verdicts))
+    for v in verdicts:
+        if v.kept and v.multi_step_s < best[1]:
+            best = (v.form.k, v.multi_step_s)
+    return best
 
 
 def _decode(r: dict[str, Any]) -> tuple[tuple[str, int], FusionVerdict]:

@@ -74,7 +74,17 @@ class MultiCalls:
         step time is unknown): about ``QUANTUM_S`` of device time shared by the calls in flight,
         and at least ``quantum`` steps (Runtime's argument: a job keeps the device that long)."""
         if step_s is None:
-            step_s = job.step_time_s if job.step_time_s is not None or job.tier is None else job.tier.step_s
+            tier = job.tier
+            if tier is not None and tier.multi is not None and tier.step_s:
+                # A call of its kept form takes K of that form's steps, not K one-step steps: its
+                # one-step time (107 us for the trace's 64-wide MLP, against 49 at K=16) capped a
+                # K=16 form it had adopted at 8, and the job ran every step one per call. Nor is
+                # the cap stricter than the form's adoption (``period``: the measured step time),
+                # over the check timing a step a little slower (126 against ~120 us at K=8 for the
+                # 128-wide one): the lesser of the two.
+                step_s = min(tier.step_s, job.step_time_s or tier.step_s)
+            else:
+                step_s = job.step_time_s if job.step_time_s is not None or tier is None else tier.step_s
         return max(ksteps.preemptive_cap(step_s, ksteps.QUANTUM_S / (1 + self.config.dispatch_ahead)),
                    self.config.quantum)
 
@@ -155,7 +165,8 @@ class MultiCalls:
             key=program.key, compile=lambda form: multistep.compile_multi(program, form, device),
             steps_done=job.steps_done, step_s=step_s, steps_left=left,
             gap_s=job.host_gap_s if job.host_gap_s is not None else self.timeline.host_gap_s,
-            period=self.period(job, step_s)))
+            period=self.period(job, step_s),
+            own_steps=None if job.steps_left is None else job.steps_done + job.steps_left))
 
     def period(self, job: JobRecord, step_s: float | None = None) -> int | None:
         """The fewest steps between two of the job's boundaries (its K-step program's K is at
@@ -174,7 +185,12 @@ class MultiCalls:
             # Under srtf and priority a call runs at most this many steps: a K-step program
             # longer than that would never run (K=16 for steps of 0.2-1 ms: one step per call).
             # (The median step, not the EMA: a first step's one-time costs would cap K at 1.)
-            every.append(self.preemptive_cap(job, step_s))
+            cap = self.preemptive_cap(job, step_s)
+            # A form checked before runs at its own per-step time: it fits if K of those do.
+            for v in multistep.VERDICTS.of(job.program.key) if job.program is not None else ():
+                if self.tiers.keeps(v) and v.form.k > cap and self.preemptive_cap(job, v.multi_step_s) >= v.form.k:
+                    cap = v.form.k
+            every.append(cap)
         return min(every) if every else None
 
     def promote(self, job: JobRecord, li: int, pos: int) -> bool:
@@ -185,7 +201,7 @@ class MultiCalls:
             return False
         assert job.program is not None  # (it stepped)
         known = multistep.VERDICTS.get(job.program.key, multi.form)
-        if known is not None:
+        if known is not None and not known.recheck:  # (a recheck: checked below)
             keep = self.tiers.keeps(known)
             self.settled(self.tiers.settle(job.tier, job.program.key, multi, None if keep else known,
                                             self._make_room(job, multi) if keep else False))

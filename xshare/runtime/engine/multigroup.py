@@ -27,6 +27,7 @@ from ..causes import short_error
 from ..config import RuntimeConfig
 from .group import Group
 from ..compiled.multistep import MultiStep, Verdict
+from ..compiled.payoff import group_key
 from .lifecycle import Lifecycle
 from .multicall import MultiCalls, _done, call, compare, scratch_ident, state_copy
 from .records import JobRecord
@@ -248,7 +249,7 @@ class GroupCalls:
             return False
         key = _group_key(group)
         known = multistep.VERDICTS.get(key, multi.form)
-        if known is not None:
+        if known is not None and not known.recheck:  # (a recheck: checked below)
             keep = self.tiers.keeps(known)
             self.multi.settled(self.tiers.settle(group.tier, key, multi, None if keep else known,
                                                   self._group_room(group, multi) if keep else False))
@@ -308,7 +309,7 @@ class GroupCalls:
 
 
 def _group_key(group: Group) -> str:
-    return multistep.group_key(group.program.key, group.capacity)
+    return group_key(group.program.key, group.capacity)
 
 
 def _shape_mismatch(batch: list, like: list) -> str | None:

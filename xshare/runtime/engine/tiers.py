@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from ...sched.steps import pow2_floor, promotion_pays
@@ -47,6 +47,7 @@ class Candidate:
     steps_left: int | None            # over every live unit of the program (None: open-ended)
     gap_s: float | None               # measured host gap per step
     period: int | None                # fewest steps between two of its boundaries
+    own_steps: int | None = None      # the unit's own steps, done and left (None: done + steps_left)
 
 
 @dataclass(eq=False)
@@ -83,6 +84,7 @@ class Tiers:
         # K single steps is kept too (None, the default: bit for bit only).
         self.rtol = rtol
         self.enabled = max_k > 1 and submit is not None
+        self._rechecked: set[tuple[str, Form]] = set()   # forms this runtime checked again
         self._compile_estimate = compile_estimate   # mean seconds of this process's compiles
 
     def compile_estimate(self) -> float:
@@ -115,6 +117,12 @@ class Tiers:
             known = multistep.VERDICTS.get(c.key, form)
             if known is not None and self.rtol is not None and not known.measured:
                 known = None  # checked before deviations were kept: checked again under the tolerance
+            if known is not None and known.recheck and not self.forced and (c.key, form) not in self._rechecked:
+                self._rechecked.add((c.key, form))  # once per runtime
+                # timed slower, maybe disturbed: checked again (its program is kept: a load)
+                tier.note = f"checking {form.describe()} again: {known.describe(self.rtol)}"
+                self._start(tier, c, form)
+                return
             if known is None or self.keeps(known):
                 break  # usable
             tier.tried.append(form)  # checked before and not kept: the next form
@@ -139,7 +147,9 @@ class Tiers:
         estimate = (self._compile_estimate() or 0.5) * (_UNROLLED_FACTOR if form.unroll else _ROLLED_FACTOR)
         # The form is kept for later runs of the program on this machine: the steps its earlier
         # runs here lead us to expect of them count too (compiled/history.py).
-        later = HISTORY.begin(c.key, c.steps_done + c.steps_left) if c.steps_left is not None else 0
+        own = c.own_steps if c.own_steps is not None else (
+            None if c.steps_left is None else c.steps_done + c.steps_left)
+        later = HISTORY.begin(c.key, tier, own) if own is not None and c.steps_left is not None else 0
         steps = None if c.steps_left is None else c.steps_left + later
         over = f"{c.steps_left} steps left" + (f" and ~{later} expected of later runs here" if later else "")
         if promotion_pays(steps, now, after, estimate):
@@ -193,6 +203,9 @@ class Tiers:
         """Record what the check found (``verdict`` None: a verdict already known to pass);
         True if the unit now runs ``multi``."""
         if verdict is not None:
+            before = multistep.VERDICTS.get(key, multi.form)
+            if before is not None and before.recheck:
+                verdict = replace(verdict, checks=before.checks + 1)  # (Verdict.recheck)
             multistep.VERDICTS.put(key, verdict)
         if verdict is not None and not self.keeps(verdict):
             tier.note = verdict.describe(self.rtol)
