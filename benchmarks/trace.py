@@ -76,6 +76,9 @@ def load(path: Path) -> list[TraceJob]:
     return [TraceJob(**d) for d in json.loads(Path(path).read_text())]
 
 
+STUCK_S = 300.0  # a replay runs for seconds; past this it is reported stuck
+
+
 def replay(trace: Sequence[TraceJob], runtime: Any, *, compile_only: bool = False) -> dict[str, Any]:
     """Submit each job at its arrival time; wait for all; return their timings.
 
@@ -96,7 +99,12 @@ def replay(trace: Sequence[TraceJob], runtime: Any, *, compile_only: bool = Fals
         t_sub = time.monotonic_ns()
         handle = runtime.submit(spec)  # compiles the job's step (outside the policy's control)
         subs.append((job, handle, t_sub, time.monotonic_ns()))
-    runtime.wait()
+    if not runtime.wait(timeout=STUCK_S):
+        # A replay takes seconds: name what is stuck rather than hang until the caller's timeout
+        # (one jct_trace replay hung once with the dispatcher idle and a job not ended).
+        stuck = [{k: j.get(k) for k in ("name", "status", "steps_done", "steps", "steps_per_call", "programs")}
+                 for j in runtime.snapshot()["jobs"] if j.get("status") not in ("done", "failed", "cancelled")]
+        raise RuntimeError(f"the replay did not end within {STUCK_S:.0f} s; jobs not ended: {stuck}")
     # Runtime-clock start and end of each job's run: under an exclusive policy (fifo) the run
     # is the job's service time, what the zero-overhead SRTF oracle schedules (jct_trace).
     runs = {j["name"]: j for j in runtime.snapshot()["jobs"]}
