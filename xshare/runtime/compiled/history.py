@@ -77,11 +77,6 @@ class RunHistory:
             self._table.put(key, Runs(runs.runs + first, runs.steps + max(steps, 0)))
             return seen.expected
 
-    def clear(self) -> None:
-        with self._lock:
-            self._seen.clear()
-        self._table.clear()
-
 
 class _Seen:
     """A key's run in this process: the steps expected of later runs (read once, from the runs

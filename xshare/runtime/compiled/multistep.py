@@ -25,8 +25,8 @@ import numpy as np
 
 from ... import ffi
 from ...memory.footprint import Footprint, footprint_from_analysis
-from .compiler import PROGRAMS, CompiledStep, tree_nbytes
 from . import payoff
+from .compiler import PROGRAMS, CompiledStep, tree_nbytes
 from .verdict_store import JsonTable
 
 
@@ -247,7 +247,6 @@ class Verdicts:
 
 FILE = "verdicts.json"
 RECHECKS = 3   # checks of a bit-identical form timed slower before it is left off for good
-
 
 
 def _decode(r: dict[str, Any]) -> tuple[tuple[str, Form], Verdict]:

@@ -147,10 +147,11 @@ class Tiers:
         estimate = (self._compile_estimate() or 0.5) * (_UNROLLED_FACTOR if form.unroll else _ROLLED_FACTOR)
         # The form is kept for later runs of the program on this machine: the steps its earlier
         # runs here lead us to expect of them count too (compiled/history.py).
-        own = c.own_steps if c.own_steps is not None else (
-            None if c.steps_left is None else c.steps_done + c.steps_left)
-        later = HISTORY.begin(c.key, tier, own) if own is not None and c.steps_left is not None else 0
-        steps = None if c.steps_left is None else c.steps_left + later
+        later, steps = 0, None
+        if c.steps_left is not None:
+            own = c.own_steps if c.own_steps is not None else c.steps_done + c.steps_left
+            later = HISTORY.begin(c.key, tier, own)
+            steps = c.steps_left + later
         over = f"{c.steps_left} steps left" + (f" and ~{later} expected of later runs here" if later else "")
         if promotion_pays(steps, now, after, estimate):
             tier.note = (f"compiling {form.describe()}: ~{(now - after) * 1e6:.0f} us/step to save over "
