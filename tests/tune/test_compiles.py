@@ -41,12 +41,14 @@ def study():
 
 @pytest.mark.parametrize("given", ["kwargs", "runtime"])
 def test_a_study_compiles_one_group_program_per_shape(given):
-    # Two model shapes, alternating, so every submit call has trials of both (the first four
-    # trials open both groups) and refills of one or two trials join them as others end.
+    # Two model shapes in pairs of trials: the pruner's two startup trials run first, alone
+    # (tune/_optimize.py, width), and open the first shape's group together; the next two open
+    # the second's; refills of one or two trials join them as others end. (A startup wave with
+    # one trial of a shape would step it on its own program first: one compile more.)
     dims = (5, 9) if given == "kwargs" else (6, 10)
 
     def objective(trial):
-        return baked(trial.suggest_float("lr", 0.001, 0.02), dims[trial.number % 2])
+        return baked(trial.suggest_float("lr", 0.001, 0.02), dims[trial.number // 2 % 2])
 
     rt = None
     if given == "runtime":  # a runtime passed in keeps its settings: the floor is the caller's

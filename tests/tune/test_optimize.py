@@ -107,6 +107,37 @@ def test_an_8_trial_study_ends_each_trial_as_it_should():
             assert pruned_at < BUDGET and pruned_at <= t.user_attrs[ATTR_STEPS] <= pruned_at + EVERY
 
 
+def test_the_first_wave_is_the_pruners_startup_trials():
+    """MedianPruner judges nothing until n_startup_trials have completed: a trial started before
+    then runs to its end unjudged and stays in the median. So the driver runs only the startup
+    trials until they complete, then widens to ``concurrency``."""
+    study = optuna.create_study(direction="minimize", sampler=optuna.samplers.RandomSampler(seed=0),
+                                pruner=optuna.pruners.MedianPruner(n_startup_trials=3))
+    completed_when_asked = {}
+
+    def counting(trial):
+        completed_when_asked[trial.number] = len(study.get_trials(deepcopy=False, states=(TS.COMPLETE,)))
+        return make(trial.suggest_float("lr", 0.05, 0.1))
+
+    xshare.tune.optimize(study, counting, 8, metric="eval/mse", concurrency=6, runtime={"memory": "64MiB"})
+    assert [completed_when_asked[n] for n in range(3)] == [0, 0, 0]
+    assert all(completed_when_asked[n] >= 3 for n in range(3, 8)), completed_when_asked
+    assert [t.state for t in study.trials[:3]] == [TS.COMPLETE] * 3
+
+
+def test_the_startup_trials_a_pruner_waits_for():
+    from xshare.tune._optimize import _startup_trials
+
+    with pytest.warns(optuna.exceptions.ExperimentalWarning):
+        patient = optuna.pruners.PatientPruner(optuna.pruners.MedianPruner(n_startup_trials=4), patience=2)
+    assert _startup_trials(patient) == 4
+    assert _startup_trials(optuna.pruners.PercentilePruner(25.0, n_startup_trials=7)) == 7
+    assert _startup_trials(optuna.pruners.MedianPruner(n_startup_trials=0)) == 0
+    for judges_from_the_first in (optuna.pruners.NopPruner(), optuna.pruners.SuccessiveHalvingPruner(),
+                                  optuna.pruners.ThresholdPruner(lower=0.0)):
+        assert _startup_trials(judges_from_the_first) == 0
+
+
 def test_the_driver_wakes_on_each_job_end_and_leaves_a_shared_runtime_as_it_found_it():
     """The driver refills a trial's slot when the runtime says its job ended (an end listener),
     not at its next poll; a Runtime passed in keeps only its own listeners afterwards."""
@@ -136,11 +167,15 @@ def test_an_interrupted_study_resumes_on_sqlite_to_exactly_n_trials(tmp_path):
     storage = f"sqlite:///{tmp_path / 'study.db'}"
     study = study_of(storage, "resume")
     interrupt = [True]
+    at = []
 
     def slow(trial):
         lr = trial.suggest_float("lr", 0.01, 0.2)
-        # Ctrl-C as the driver starts trial 5, while two trials run (usually 3 and 4).
-        if trial.number == 5 and interrupt.pop():
+        # Ctrl-C as the driver starts a trial past the pruner's startup while two others run
+        # (the startup trials run first, alone: which trials run beside it is the machine's timing).
+        others = len(trial.study.get_trials(deepcopy=False, states=(TS.RUNNING,))) - 1
+        if trial.number >= 4 and others == 2 and interrupt and interrupt.pop():
+            at.append(trial.number)
             raise KeyboardInterrupt
         return make(lr, steps=400)
 
@@ -148,11 +183,10 @@ def test_an_interrupted_study_resumes_on_sqlite_to_exactly_n_trials(tmp_path):
         xshare.tune.optimize(study, slow, 10, metric="eval/mse", concurrency=3, runtime={"memory": "64MiB"})
     first = study_of(storage, "resume", load=True).trials
     interrupted = [t for t in first if t.state is TS.FAIL]
-    # Trial 5 and the two trials running beside it (which two depends on which ended first:
-    # pruning and the machine's timing decide; usually 3 and 4) are the interrupted ones.
-    assert len(interrupted) == 3 and interrupted[-1].number == 5, [t.number for t in interrupted]
+    # That trial and the two running beside it are the interrupted ones.
+    assert len(interrupted) == 3 and interrupted[-1].number == at[0], ([t.number for t in interrupted], at)
     assert all("interrupted" in t.user_attrs[ATTR_ERROR] for t in interrupted)
-    assert all(t.state in (TS.COMPLETE, TS.PRUNED) for t in first if t.number < 5 and t not in interrupted)
+    assert all(t.state in (TS.COMPLETE, TS.PRUNED) for t in first if t.number < at[0] and t not in interrupted)
     assert sum(t.state is TS.WAITING for t in first) == len(interrupted)  # their params, enqueued
 
     again = study_of(storage, "resume", load=True)

@@ -102,7 +102,8 @@ class _Driver(_Teller):
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         while True:
             batch = self.pending = []  # asked, not yet submitted (abandon tells them too)
-            while (self.to_start > 0 and len(self.running) + len(batch) < self.concurrency
+            width = self.width(self.concurrency)  # (fewer while the pruner's startup trials run)
+            while (self.to_start > 0 and len(self.running) + len(batch) < width
                    and (deadline is None or time.monotonic() < deadline)):
                 self.signals.check()
                 self.to_start -= 1
