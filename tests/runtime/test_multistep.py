@@ -378,33 +378,37 @@ def test_a_program_that_ran_here_before_weighs_its_k_step_compile_against_its_la
 
 def test_under_srtf_a_kept_form_is_capped_by_its_own_step_time_not_by_one_step_per_calls(monkeypatch):
     """The trace's 64-wide MLP: 107 us a step one per call, 49 at K=16. Under srtf a call may take
-    about 1 ms (QUANTUM_S over dispatch_ahead=1 + 1): K=16 fits at 49 us a step. Capped by its
-    one-step time (K=8) the job adopted K=16 from the machine's verdicts and then ran every step
-    one per call (the cap was below its only form)."""
+    QUANTUM_S over dispatch_ahead=1 + 1 (1 ms when this was found, at QUANTUM_S = 2 ms): K=16
+    fits at 49 us a step. Capped by its one-step time (K=8) the job adopted K=16 from the
+    machine's verdicts and then ran every step one per call (the cap was below its only form).
+    (Times here are scaled by QUANTUM_S / 2 ms, so the trace's numbers keep their meaning.)"""
     from types import SimpleNamespace
 
     from xshare.runtime.engine.multicall import MultiCalls
+    from xshare.sched.steps import QUANTUM_S
+
+    us = 1e-6 * QUANTUM_S / 2e-3
 
     k16 = next(f for f in FORMS if f.k == 16 and not f.unroll)
     verdicts = multistep.Verdicts()
-    verdicts.put("p", multistep.Verdict(k16, True, 107e-6, 49e-6))
+    verdicts.put("p", multistep.Verdict(k16, True, 107 * us, 49 * us))
     monkeypatch.setattr(multistep, "VERDICTS", verdicts)
     calls = SimpleNamespace(config=SimpleNamespace(dispatch_ahead=1, quantum=1, preemptive=True,
                                                    checkpoint_dir=None),
                             tiers=SimpleNamespace(keeps=lambda v: v.kept))
     calls.preemptive_cap = lambda job, step_s=None: MultiCalls.preemptive_cap(calls, job, step_s)
-    job = SimpleNamespace(step_time_s=107e-6, tier=SimpleNamespace(multi=None, step_s=None),
+    job = SimpleNamespace(step_time_s=107 * us, tier=SimpleNamespace(multi=None, step_s=None),
                           eval=None, spec=SimpleNamespace(on_metrics=None, on_metrics_every=None),
                           program=SimpleNamespace(key="p"))
     assert calls.preemptive_cap(job) == 8                       # one step per call: 8 fit
-    assert MultiCalls.period(calls, job, 107e-6) == 16           # its K=16 form fits at its own speed
-    job.tier = SimpleNamespace(multi=object(), step_s=49e-6)     # it adopted that form
+    assert MultiCalls.period(calls, job, 107 * us) == 16         # its K=16 form fits at its own speed
+    job.tier = SimpleNamespace(multi=object(), step_s=49 * us)   # it adopted that form
     assert calls.preemptive_cap(job) == 16
-    job.tier.step_s, job.step_time_s = 126e-6, 120e-6            # the check timed it a little slower
+    job.tier.step_s, job.step_time_s = 126 * us, 120 * us        # the check timed it a little slower
     assert calls.preemptive_cap(job) == 8                        # the lesser: as it was adopted
-    verdicts.put("p", multistep.Verdict(k16, True, 300e-6, 200e-6))
+    verdicts.put("p", multistep.Verdict(k16, True, 300 * us, 200 * us))
     job.tier = SimpleNamespace(multi=None, step_s=None)
-    assert MultiCalls.period(calls, job, 300e-6) == 2            # 16 x 200 us does not fit: not allowed
+    assert MultiCalls.period(calls, job, 300 * us) == 2          # 16 x 200 us does not fit: not allowed
 
 
 def test_a_form_timed_slower_is_checked_again_by_later_runs_then_left_off(monkeypatch, tmp_path):

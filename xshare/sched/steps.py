@@ -26,11 +26,16 @@ from dataclasses import dataclass
 # against K").
 MAX_STEPS_PER_CALL = 32
 
-# Under a preemptive policy, the device time one call may take: an urgent arrival waits at most
-# this long (or one step, when a single step is longer). 2 ms is well under what a person or a
-# serving SLO notices, and long enough that small steps (~50-200 us on a CPU) still run 8-32
-# per call, which is where most of the per-call saving is.
-QUANTUM_S = 2e-3
+# Under a preemptive policy, the device time the calls in flight may take (shared by them: 4 ms
+# each with dispatch_ahead=1): an urgent arrival waits at most about this long (or one step,
+# when a single step is longer). Why 8 ms: it is what lets small steps keep their fast K-step
+# forms. At 2 ms (1 ms a call) the jct trace's 128-wide MLP (126 us a step at K=16, 156-220 one
+# per call on this CPU) was held to K=4 or one step per call, and srtf's average JCT came out
+# no better than fifo's (64-73% of its zero-overhead oracle); at 8 ms it runs K=16 and srtf
+# reaches 91-97% (benchmarks/RESULTS.md). 8 ms is still under one frame at 60 Hz and far under
+# Salus's switch granularity (a whole iteration), and a serving request waits for one call
+# under every policy anyway.
+QUANTUM_S = 8e-3
 
 
 @dataclass(frozen=True)

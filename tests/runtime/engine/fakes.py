@@ -41,6 +41,7 @@ def job(name: str, *, steps: int | None = 10, mib: int = 1, arrival: float = 0.0
     rec = JobRecord(next(_ids), Spec(name, steps), arrival, priority=priority)
     rec.footprint = Footprint(persistent=mib << 20, ephemeral=mib << 19)
     rec.step_time_s = step_s
+    rec.step_times.extend([step_s] * 8)  # measured: what the policies rank it by
     rec.state_leaves = [f"{name}-state"]  # what the fake placer "puts on the device"
     return rec
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
+from .records import RECENT_MIN, recent_median
 from .states import JobState
 
 
@@ -86,11 +87,18 @@ class Group:
         return self.steps_run
 
     def step_estimate_s(self, flops_per_s: float | None = None) -> float:
-        if self.step_time_s is not None:
-            return self.step_time_s
+        """As ``JobRecord.step_estimate_s``: recent measured steps, else the FLOPs estimate."""
+        typical = recent_median(self.step_times)
+        if typical is not None:
+            return typical
         if self.fused.flops and flops_per_s:
             return max(self.fused.flops / flops_per_s, 1e-6)
         return 1e-3
+
+    def host_estimate_s(self, default: float) -> float:
+        if self.host_gap_s is None or len(self.step_times) < 2 + RECENT_MIN:
+            return default
+        return self.host_gap_s
 
     def free_slot(self) -> int | None:
         return next((i for i, j in enumerate(self.slots) if j is None), None)

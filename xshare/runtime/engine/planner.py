@@ -97,7 +97,7 @@ class Planner:
                 step_time_s=unit.step_estimate_s(flops), device_time_s=unit.device_time_s,
                 lane=unit.lane, last_seq=unit.last_seq,
                 turn_steps=units.turn_steps(unit),
-                host_s=host if unit.host_gap_s is None else unit.host_gap_s,
+                host_s=unit.host_estimate_s(host),
                 call_steps=unit.tier.multi.k if unit.tier is not None and unit.tier.multi is not None else 1))
         lanes = tuple(sorted({v.lane for v in views}))
         view = sched.View(now=self.clock() - self.t0, jobs=tuple(views), lanes=lanes,
