@@ -201,7 +201,8 @@ def optimize(study: optuna.Study, objective: Callable[[optuna.Trial], Any], n_tr
         is reported with ``trial.report(value, steps_done)``; the trial's value is the last one.
       report_every: report only values at steps divisible by this (default: every evaluation;
         for a train metric, 20 reports over the job's steps).
-      concurrency: trials running at once (default 8: one fused group).
+      concurrency: trials running at once (default 8: one fused group); fewer until the pruner's
+        startup trials (``n_startup_trials``) have completed, which run first.
       runtime: a ``Runtime`` to use (left open), or keyword arguments for one (default
         ``{"fuse": True, "group_capacity": concurrency}``: trials of one program step as one
         vmapped executable, whose group has a slot for each running trial from the start and
