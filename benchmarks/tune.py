@@ -10,6 +10,9 @@ same order) and MedianPruner(n_startup_trials=5). The search: lr (log 1e-4..3e-2
     loop with the hyperparameters baked in (a compile per trial), evaluating every ``--every``
     steps with ``trial.report`` / ``should_prune`` (how Optuna users run it today);
   * b_plain_state: the same with the hyperparameters in state (one compile per model shape);
+  * b_plain_state_cache: b with JAX's persistent compilation cache on, as xshare turns it on
+    (every program, however quick; its own directory): the model inits' compiles load on a
+    machine that ran the study before, as they do under xshare;
   * c_plain_njobs2: a_plain with ``n_jobs=2`` (Optuna's threads);
   * d_xshare: ``xshare.tune.optimize`` with ``Runtime(fuse=False)``, the user's baked job;
   * e_xshare_fused: the same with ``fuse=True`` (baked constants keep trials apart until the
@@ -37,7 +40,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-WAYS = ("a_plain", "b_plain_state", "c_plain_njobs2", "d_xshare", "e_xshare_fused", "f_xshare_fused_state")
+WAYS = ("a_plain", "b_plain_state", "b_plain_state_cache", "c_plain_njobs2", "d_xshare", "e_xshare_fused", "f_xshare_fused_state")
 
 
 def _suggest(trial) -> dict:
@@ -70,7 +73,12 @@ def _plain(way: str, trials: int, steps: int, every: int, concurrency: int = 8) 
 
     from xshare.models.digits import make_job
 
-    in_state = way == "b_plain_state"
+    in_state = way.startswith("b_plain_state")
+    if way == "b_plain_state_cache":
+        jax.config.update("jax_compilation_cache_dir",
+                          str(Path.home() / ".cache" / "xshare-bench" / "tune-b-jax-cache"))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
     jits: dict = {}
     lock = threading.Lock()
     trained = [0]

@@ -100,6 +100,12 @@ class _Driver(_Teller):
     # ------------------------------------------------------------------ the driver's loop
     def run(self) -> None:
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        if self.rt is None:
+            # Before the first objective: the runtime turns on JAX's persistent compilation
+            # cache (Runtime(compilation_cache=True)), and from here it holds the objective's
+            # own compiles too. The digits study's model inits compile ~30 small programs per
+            # process (~2 s); on a machine that ran the study before, they load instead.
+            self.rt = xshare.Runtime(**self.runtime_kwargs)
         while True:
             batch = self.pending = []  # asked, not yet submitted (abandon tells them too)
             width = self.width(self.concurrency)  # (fewer while the pruner's startup trials run)
