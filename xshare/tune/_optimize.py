@@ -47,6 +47,8 @@ class _Teller:
     one way: a trial whose job could not be built, and how a trial's job ended. A driver has
     ``study``, ``callbacks``, ``metric`` and ``catch``."""
 
+    _wide = False  # the pruner's startup trials have completed (``width``)
+
     # Set by each driver's __init__ (declared here so both drivers are checked against them).
     study: optuna.Study
     callbacks: list[Callable[[optuna.Study, Any], None]]
@@ -114,11 +116,16 @@ class _Teller:
         startup trials, and the study widens to ``concurrency`` once they have completed. (A
         fused study pays one compile more for a model shape that has a single trial in that wave:
         it steps on its own program until more trials of its shape arrive.)"""
-        need = _startup_trials(self.study.pruner)
-        if need <= 0:
+        if self._wide:
             return concurrency
-        done = len(self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
-        return concurrency if done >= need else max(1, min(concurrency, need - done))
+        need = _startup_trials(self.study.pruner)
+        # (asked on every turn of a driver's loop: once wide, it stays wide without asking the
+        # storage again, as completed trials never go back)
+        done = len(self.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))) if need > 0 else 0
+        if done >= need:
+            self._wide = True
+            return concurrency
+        return max(1, min(concurrency, need - done))
 
     def tell(self, trial: optuna.Trial, state: TrialState, value: float | None = None) -> None:
         frozen = self.study.tell(trial, value, state=state) if state is TrialState.COMPLETE \
