@@ -125,6 +125,27 @@ def test_the_first_wave_is_the_pruners_startup_trials():
     assert [t.state for t in study.trials[:3]] == [TS.COMPLETE] * 3
 
 
+def test_the_runtime_opens_before_the_first_objective(monkeypatch):
+    """Its persistent compilation cache then holds the objective's own compiles (a model's init)
+    from the first trial on, not from the first submit."""
+    order = []
+    real = xshare.Runtime
+
+    class Watched(real):
+        def __init__(self, *args, **kwargs):
+            order.append("runtime")
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(xshare, "Runtime", Watched)
+
+    def objective(trial):
+        order.append("objective")
+        return make(trial.suggest_float("lr", 0.05, 0.1), steps=10)
+
+    xshare.tune.optimize(study_of(), objective, 2, metric="eval/mse", concurrency=2, runtime={"memory": "64MiB"})
+    assert order[:2] == ["runtime", "objective"] and order.count("runtime") == 1, order
+
+
 def test_the_startup_trials_a_pruner_waits_for():
     from xshare.tune._optimize import _startup_trials
 

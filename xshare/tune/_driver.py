@@ -164,8 +164,7 @@ class _Driver(_Teller):
         """Submit the trials asked together in one call: jobs of one step submitted together
         open their fused group at a capacity for all of them (one compile, not one per
         doubling as they arrive one by one)."""
-        if self.rt is None:
-            self.rt = xshare.Runtime(**self.runtime_kwargs)
+        assert self.rt is not None  # (run opens it first)
         self.rt.add_end_listener(self._wake)
         specs = [spec for _, spec in batch]
         try:

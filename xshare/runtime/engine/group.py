@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from .records import RECENT_MIN, recent_median
+from .records import RECENT, RECENT_MIN, median_step_s
 from .states import JobState
 
 
@@ -88,7 +88,7 @@ class Group:
 
     def step_estimate_s(self, flops_per_s: float | None = None) -> float:
         """As ``JobRecord.step_estimate_s``: recent measured steps, else the FLOPs estimate."""
-        typical = recent_median(self.step_times)
+        typical = median_step_s(self.step_times, RECENT)
         if typical is not None:
             return typical
         if self.fused.flops and flops_per_s:

@@ -81,13 +81,16 @@ class Unit(Protocol):
         """(slot, job) of the jobs taking part in its next step."""
 
 
-RECENT_MIN, RECENT = 3, 33  # measured steps an estimate needs, and how many it looks back on
+RECENT_MIN, RECENT = 3, 33  # measured steps an estimate needs, and how many policies look back on
 
 
-def recent_median(step_times: Any) -> float | None:
-    """The median of the last ``RECENT`` of ``step_times``, the first two ever left out (a
-    program's first runs pay one-time costs); None with fewer than ``RECENT_MIN`` such."""
-    times = list(step_times)[2:][-RECENT:]
+def median_step_s(step_times: Any, last: int | None = None) -> float | None:
+    """The median of ``step_times`` (the ``last`` of them, or all kept), the first two ever left
+    out: a program's first runs pay one-time costs, which an EMA over a handful of steps still
+    carries. None with fewer than ``RECENT_MIN`` such."""
+    times = list(step_times)[2:]
+    if last is not None:
+        times = times[-last:]
     if len(times) < RECENT_MIN:
         return None
     times.sort()
@@ -236,7 +239,7 @@ class JobRecord:
         a job that has not started. Not the EMA: a job's first steps pay one-time costs (ms), and
         under srtf a job preempted after two steps kept that estimate, ranked as the longest job
         and waited for every other (the jct trace's 1155-step job: 1.7 s of its 2.0 s JCT)."""
-        typical = recent_median(self.step_times)
+        typical = median_step_s(self.step_times, RECENT)
         if typical is not None:
             return typical
         return self.program.step_time_estimate_s(flops_per_s) if self.program else 1e-3

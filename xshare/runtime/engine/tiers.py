@@ -25,6 +25,7 @@ from ...sched.steps import pow2_floor, promotion_pays
 from ..compiled import multistep
 from ..compiled.history import HISTORY
 from ..compiled.multistep import FORMS, Form, MultiStep, Verdict
+from .records import median_step_s
 
 log = logging.getLogger("xshare.runtime")
 
@@ -254,9 +255,5 @@ def steps_per_call(unit: Any) -> dict[str, int]:
 def typical_step_s(unit: Any) -> float | None:
     """The median of a unit's measured step times, its first two left out (a program's first
     runs pay one-time costs: an EMA over a handful of steps still carries them, and a promotion
-    weighed on them overestimates what K steps per call would save)."""
-    times = list(unit.step_times)[2:]
-    if len(times) < 3:
-        return None
-    times.sort()
-    return times[len(times) // 2]
+    weighed on them overestimates what K steps per call would save): every step it keeps."""
+    return median_step_s(unit.step_times)
