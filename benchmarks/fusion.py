@@ -1,4 +1,4 @@
-"""Fused sweeps, side by side: the same N-job learning-rate sweep run five ways.
+"""Fused sweeps, side by side: the same N-job learning-rate sweep run seven ways.
 
 The jobs: ``xshare.models.mlp:make_job`` (an MLP 32-64-64-10 on batches of 64 from its own
 synthetic teacher data, Adam with the learning rate in state), N learning rates x seeds: one
@@ -6,8 +6,12 @@ program. The ways:
 
   * plain: one donated ``jax.jit`` loop per job, one job after another;
   * pack: ``xshare.Runtime(policy="pack")`` (unfused);
+  * pack-one-stream: the same with ``parallel_lanes=False`` (every call on one execution stream);
   * fused: ``xshare.Runtime(policy="pack", fuse=True)``;
   * vmap: a hand-written ``jax.vmap`` of the step over the N stacked states and batches;
+  * scan: a hand-written bound for pack: each job 16 steps per call (``lax.scan`` over 16
+    stacked batches, jitted once), the jobs taking turns from one thread, each on an execution
+    stream of its own (what the runtime's K-step forms and lanes do, with none of its work);
   * processes: one Python process per job, all at once (how a device is shared today);
     only for N <= 8: 32 processes of JAX do not fit this machine's memory and cores.
 
@@ -134,6 +138,21 @@ def _child(kind: str, n: int, steps: int) -> dict:
             batches = [s.data(k) for s in specs]
             stacked, _ = f(stacked, jax.tree.map(lambda *xs: np.stack(xs), *batches))
         finals = jax.device_get(stacked)
+    elif kind == "scan":
+        # The hand-written bound for the runtime's unfused way: each job K=16 steps per call (a
+        # scan over stacked batches, as the runtime's K-step form; a shorter last call if the
+        # steps do not divide), the jobs taking turns from one thread, each on an execution
+        # stream of its own (as the runtime's lanes on CPU).
+        from jaxlib import xla_client
+        step = specs[0].fn
+        f = jax.jit(lambda s, bs: jax.lax.scan(step, s, bs), donate_argnums=0)
+        states = [jax.tree.map(lambda x: jax.numpy.array(x, copy=True), spec.state) for spec in specs]
+        for start in range(0, steps, 16):
+            for i, spec in enumerate(specs):
+                xla_client._xla.set_execution_stream_id(1 + i)
+                batches = [spec.data(k) for k in range(start, min(start + 16, steps))]
+                states[i], _ = f(states[i], jax.tree.map(lambda *xs: np.stack(xs), *batches))
+        finals = jax.device_get(states)
     elif kind == "arrivals":
         import xshare
         # Job i arrives when job 0 has run 150*i steps and runs steps + 100*i steps.
@@ -151,7 +170,8 @@ def _child(kind: str, n: int, steps: int) -> dict:
         extra["fused_fraction"] = snap["runtime"]["fused_member_steps"] / total
     else:
         import xshare
-        with xshare.Runtime(policy="pack", memory="8GiB", fuse=(kind == "fused")) as rt:
+        with xshare.Runtime(policy="pack", memory="8GiB", fuse=(kind == "fused"),
+                            parallel_lanes=(kind != "pack-one-stream")) as rt:
             handles = rt.submit_many(specs)
             rt.wait()
         finals = [h.result()[0] for h in handles]
@@ -249,7 +269,7 @@ def main(argv: list[str]) -> int:
         return _main_naive(args, h)
     rows, raw = [], []
     for n in [int(x) for x in args.ns.split(",")]:
-        configs = {k: (lambda k=k, n=n: _spawn(k, n, args.steps)) for k in ("plain", "pack", "fused", "vmap")}
+        configs = {k: (lambda k=k, n=n: _spawn(k, n, args.steps)) for k in ("plain", "pack", "pack-one-stream", "fused", "vmap", "scan")}
         if n <= 8 and args.data == "teacher":  # (processes always make their own data)
             configs["processes"] = lambda n=n: _processes(n, args.steps)
         runs = h.alternate(configs, args.repeats)

@@ -229,3 +229,9 @@ def test_a_constant_that_decides_a_shape_runs_alone_and_says_why():
     assert "a constant that decides a shape or Python control flow" in plan.alone["k3"]
     assert all(h.status() == "done" for h in handles)
     assert not rt.snapshot()["groups"]
+
+
+def test_explain_given_a_name_says_it_takes_the_specs():
+    with xshare.Runtime(memory="256MiB", fuse=True) as rt:
+        with pytest.raises(TypeError, match=r"explain\(\) takes the JobSpecs .* got 'j0'"):
+            rt.explain("j0")

@@ -52,6 +52,7 @@ class RuntimeConfig:
     steps_rtol: float | None = None       # K-step forms kept within this relative difference (None: exact)
     preemptive: bool = False              # the policy preempts at step boundaries (caps K)
     debug_ownership: bool = False         # parts assert they run on the dispatcher thread
+    parallel_lanes: bool = True           # on CPU, lanes' calls side by side (engine/streams.py); off under exclusive policies
 
     @property
     def staging(self) -> dict[str, int]:
@@ -66,7 +67,7 @@ class RuntimeConfig:
            checkpoint_every: int | None = None, checkpoint_keep: int = 3, resume: bool = False,
            fuse: bool | str = False, group_capacity: int | None = None, steps_per_call: int | str = "auto",
            steps_per_call_rtol: float | None = None, writers: Sequence[Any] = (),
-           debug_ownership: bool = False) -> "RuntimeConfig":
+           debug_ownership: bool = False, parallel_lanes: bool = True) -> "RuntimeConfig":
         """Check ``Runtime``'s arguments and derive what they imply (``policy``: the resolved
         policy; ``writers``: the metrics writers asked for). Raises ValueError naming
         the value and what it must be."""
@@ -82,6 +83,9 @@ class RuntimeConfig:
                                  ("compile_workers", compile_workers, 1)):
             if not _int(value) or value < low:
                 raise ValueError(f"{name}={value!r} must be an int >= {low}")
+        if not isinstance(parallel_lanes, bool):
+            raise ValueError(f"parallel_lanes={parallel_lanes!r} must be True (on CPU, lanes' calls run side by "
+                             "side) or False (every call on one execution stream)")
         if fuse not in (True, False, "always"):
             raise ValueError(f"fuse={fuse!r} must be True (fuse where it pays, measured), \"always\" or False")
         if group_capacity is not None and (not _int(group_capacity) or group_capacity < 1):
@@ -114,7 +118,11 @@ class RuntimeConfig:
                    fuse=bool(fuse), fuse_measured=fuse is True, group_capacity=group_capacity if fuse else None,
                    steps_per_call=_steps_per_call(steps_per_call), steps_forced=steps_per_call != "auto",
                    steps_rtol=None if steps_per_call_rtol is None else float(steps_per_call_rtol),
-                   preemptive=preemptive, debug_ownership=debug_ownership)
+                   preemptive=preemptive, debug_ownership=debug_ownership,
+                   # A policy that gives one job the device (fifo, priority, srtf) keeps every call
+                   # on one stream: run side by side, the next job's first call shares the cores
+                   # with the running one's last (the urgent job's, under priority).
+                   parallel_lanes=parallel_lanes and not getattr(policy, "exclusive", False))
 
 
 def _int(value: Any) -> bool:

@@ -122,6 +122,12 @@ class Runtime:
         Empty slots are computed and masked away, and the arena reserves their memory (a group
         that does not fit leaves its jobs to run alone). None (default): groups open for the
         jobs at hand and shrink when three quarters of their slots are empty.
+      parallel_lanes: on a CPU backend, each lane's executable calls go to an execution stream
+        of its own, so jobs in different lanes compute side by side on the machine's cores (the
+        memory for that is what lanes reserve); a lane's own calls stay in order. False: every
+        call on one stream, one at a time, as always under the policies that give one job the
+        device (fifo, priority, srtf). No effect on a GPU (one compute stream per device).
+        Results are the same either way: the same programs on the same states.
     """
 
     def __init__(self, policy: str | Any = "pack", memory: int | str | None = None, *,
@@ -133,7 +139,7 @@ class Runtime:
                  compile_workers: int = 1, fuse: bool | str = False, group_capacity: int | None = None,
                  steps_per_call: int | str = "auto", compilation_cache: bool | str | os.PathLike = True,
                  checkpoint_keep: int = 3, writers: Sequence[str | Callable[[Path], Any]] = (),
-                 steps_per_call_rtol: float | None = None):
+                 steps_per_call_rtol: float | None = None, parallel_lanes: bool = True):
         self.policy = sched.get_policy(policy)
         self.config = config = RuntimeConfig.of(
             self.policy, quantum=quantum, slots=slots, prefetch=prefetch, dispatch_ahead=dispatch_ahead,
@@ -141,7 +147,7 @@ class Runtime:
             checkpoint_every=checkpoint_every, checkpoint_keep=checkpoint_keep, resume=resume, fuse=fuse,
             group_capacity=group_capacity, steps_per_call=steps_per_call,
             steps_per_call_rtol=steps_per_call_rtol, writers=writers,
-            debug_ownership=debug_ownership_default())
+            debug_ownership=debug_ownership_default(), parallel_lanes=parallel_lanes)
         factories = resolve_writers(writers)
         self.compilation_cache = compilation_cache_dir(compilation_cache)
         if self.compilation_cache is not None:
@@ -233,7 +239,12 @@ class Runtime:
         and keyed as ``submit`` would, but nothing is compiled or run."""
         from .compiled.sweeps import explain
 
-        return explain(list(specs), self.device, fenced=self.fences)
+        specs = [specs] if isinstance(specs, (JobSpec, str)) else list(specs)
+        for spec in specs:
+            if not isinstance(spec, JobSpec):
+                raise TypeError(f"explain() takes the JobSpecs you would submit (from step.bind(...)), "
+                                f"not a job's name or handle; got {spec!r}")
+        return explain(specs, self.device, fenced=self.fences)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until every submitted job has ended (and its files are written). False on timeout."""

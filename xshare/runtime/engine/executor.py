@@ -32,6 +32,7 @@ from .planner import Planner
 from .records import JobRecord
 from .rows import BATCH, MetricsRows
 from .source import END, BatchMismatch, DataError, Feeding
+from .streams import LaneStreams
 from .tiers import Tiers
 from .units import Units
 
@@ -72,6 +73,9 @@ class Executor:
         # costs ~5 us a step there: not made.
         self.host_copy = copies_early(device)
         self.fused_member_steps = 0                    # member steps run in fused groups, ever
+        # On CPU each lane's calls on an execution stream of its own: lanes run side by side
+        # (streams.py; Runtime(parallel_lanes=False) keeps every call on one stream).
+        self.streams = LaneStreams(device, parallel=config.parallel_lanes)
         self._seq = 0
         self._last_retire_ns = 0
         parts = dict(units=units, life=life, tiers=tiers, feeding=feeding, config=config,
@@ -86,9 +90,11 @@ class Executor:
             owing = evaluation.owes(self.units, job)
             if owing is not None:  # an eval batch takes this turn (evaluation.py: scheduling)
                 job.now = None
+                self.streams.enter(owing.lane)
                 evaluation.run_batch(self, owing)
                 self.took_turn(job, li, pos)
                 return
+        self.streams.enter(job.lane)
         if job.is_group:
             if job.payoff is not fusecheck.SETTLED and self.tend(job):
                 return  # it dissolved: fusing did not pay, its members step alone from now
