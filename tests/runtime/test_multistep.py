@@ -454,3 +454,29 @@ def test_a_form_timed_slower_is_checked_again_by_later_runs_then_left_off(monkey
     verdicts.put("p", multistep.Verdict(k16, False, 120e-6, 60e-6, why="state leaf 0 differs"))
     _, tier, _ = run()
     assert tier.form is None and k16 in tier.tried and len(started) == 2  # never exact: never again
+
+
+@xshare.job
+def shift_step(state, batch):
+    """The new state has the batch's shape and dtype, so XLA may write it into the (donated)
+    batch's buffer: a batch the runtime did not copy would be the user's array overwritten."""
+    w = state["w"] * 0.5 + batch["x"]
+    return {"w": w}, {"w0": w[0]}
+
+
+def test_a_job_on_its_k_step_form_never_donates_the_users_arrays_in_its_single_steps():
+    """Batches made while a job is on its K-step form are not copied (stacking copies them);
+    the single steps at its end (35 = 8 calls of 4 + 3) take their own copies first (a step
+    donates its batch: it must never be an array the user still holds)."""
+    x = jax.numpy.arange(4, dtype=np.float32)
+    batch = {"x": x}  # the same device arrays every step, as a dataset kept on the device gives them
+
+    def make():
+        return shift_step.bind({"w": np.zeros(4, np.float32)}, lambda step: batch, steps=35, name="shift")
+
+    handle = _run_until(4, make, memory="256MiB", steps_per_call=4)
+    assert handle._rec.tier.steps_at.get(4, 0) >= 8 and handle._rec.tier.steps_at.get(1, 0) >= 3, \
+        handle._rec.tier.steps_at
+    assert not x.is_deleted()
+    np.testing.assert_array_equal(x, np.arange(4, dtype=np.float32))
+    assert_trees_equal(handle.result()[0], plain_loop(make())[0])

@@ -18,6 +18,7 @@ computes, see ``compiler``), and each unflattens its own leaves with its own lay
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -51,9 +52,10 @@ class Layout:
     kinds: tuple
     paths: tuple[str, ...]
 
-    @property
+    @functools.cached_property
     def plain(self) -> bool:
-        """Every leaf is a plain array: split/merge are a flatten/unflatten."""
+        """Every leaf is a plain array: split/merge are a flatten/unflatten. (Asked of every
+        batch a job makes: worked out once per layout.)"""
         return all(k is None for k in self.kinds)
 
     @property

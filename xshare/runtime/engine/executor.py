@@ -31,7 +31,7 @@ from .multigroup import GroupCalls
 from .planner import Planner
 from .records import JobRecord
 from .rows import BATCH, MetricsRows
-from .source import END, BatchMismatch, DataError, Feeding
+from .source import END, BatchMismatch, DataError, Feeding, owned
 from .streams import LaneStreams
 from .tiers import Tiers
 from .units import Units
@@ -110,7 +110,7 @@ class Executor:
                 if k > 1:
                     self.multi.dispatch(job, li, pos, k)
                     return
-        batch = job.batches.popleft()
+        batch = owned(job.batches.popleft(), self.device)  # (it is donated)
         if batch is END or isinstance(batch, DataError):
             self.dispatch_marker(job, batch)
             return

@@ -56,4 +56,4 @@ class GroupDevice:
         with job.feed_lock:
             queued = list(job.batches)
             job.batches.clear()
-            job.batches.extend(own(b, self.device) if isinstance(b, list) else b for b in queued)
+            job.batches.extend(own(list(b), self.device) if isinstance(b, (list, tuple)) else b for b in queued)

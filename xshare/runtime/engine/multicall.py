@@ -26,7 +26,7 @@ from ..config import RuntimeConfig
 from .lifecycle import Lifecycle
 from .records import JobRecord
 from .tiers import WARM_STEPS, Candidate, Tiers, typical_step_s
-from .source import END, DataError, Feeding, produce
+from .source import END, DataError, Feeding, owned, produce
 from .units import Units
 
 if TYPE_CHECKING:  # (the executor makes this part and hands itself in: a cycle for types only)
@@ -106,9 +106,9 @@ class MultiCalls:
             while len(batches) < want and job.source is not None:
                 produce(job, self.device, blocking=True)
         assert job.program is not None  # (it steps)
-        n, like = 0, job.program.batch_struct
+        n, sig = 0, multistep.signature(job.program.batch_struct)
         for batch in batches:
-            if n == want or batch is END or isinstance(batch, DataError) or not multistep.matches(batch, like):
+            if n == want or batch is END or isinstance(batch, DataError) or not multistep.fits(batch, sig):
                 break
             n += 1
         return n
@@ -226,7 +226,7 @@ class MultiCalls:
         k, program = multi.k, job.program
         assert program is not None  # (it stepped)
         step = job.spec.start_step + job.dispatched
-        batches = [job.batches.popleft() for _ in range(k)]
+        batches = [owned(job.batches.popleft(), self.device) for _ in range(k)]  # (donated below)
         if self._fed(job):
             self.feeder.request(job, k)
         stacked = multistep.stack(batches)  # before the single steps consume (donate) them
