@@ -285,7 +285,7 @@ def main(argv: list[str]) -> int:
                      h.median(r["wall_s"] for r in arrivals), "", "", h.median(r["peak_rss_bytes"] for r in arrivals) / 2**20,
                      f"{100 * h.median(r['fused_fraction'] for r in arrivals):.0f}% of steps fused"])
         print(h.markdown_table(COLUMNS, [r for r in rows if r[0] == n]), flush=True)
-    h.write_results("fusion" if args.data == "teacher" else f"fusion_{args.data}", args.out, title="Fused sweeps: plain loop, xshare pack, fused, hand vmap, processes",
+    h.write_results("fusion" if args.data == "teacher" else f"fusion_{args.data}", args.out, title="Fused sweeps: plain loop, xshare pack (lanes side by side, one stream), fused, hand vmap, hand K=16 scan, processes",
                     columns=COLUMNS, rows=rows, machine_info=h.machine(), smoke=args.smoke,
                     config={"ns": args.ns, "steps": args.steps, "repeats": args.repeats, "entry": ENTRY,
                             "data": args.data},
