@@ -5,6 +5,7 @@ lane's calls keep their order, and the results are the plain loop's whatever the
 from __future__ import annotations
 
 import jax
+import numpy as np
 import pytest
 
 import xshare
@@ -86,3 +87,21 @@ def test_one_stream_when_asked_and_under_the_policies_that_give_one_job_the_devi
 def test_parallel_lanes_must_be_a_bool():
     with pytest.raises(ValueError, match="parallel_lanes='yes' must be True"):
         xshare.Runtime(parallel_lanes="yes")
+
+
+def test_a_model_batch_runs_on_its_own_lanes_stream_beside_training(recorded):
+    from tests.serving.conftest import direct_mlp, mlp_spec
+
+    x = np.random.default_rng(0).normal(size=(3, 16)).astype(np.float32)
+    with xshare.Runtime(memory="256MiB") as rt:
+        job = rt.submit(make(0, steps=10**7))
+        while job.progress().steps_done < 10:
+            job.wait(timeout=0.01)
+        m = rt.deploy(mlp_spec())
+        before = len(recorded.ids)
+        got = m.infer({"x": x}, timeout=60)["y"]
+        lane = m._m.lane
+        rt.cancel(job)
+    assert lane != job.progress().lane
+    np.testing.assert_array_equal(got, direct_mlp(x)["y"])
+    assert streams.LaneStreams(jax.devices()[0]).stream_of(lane) in recorded.ids[before:]

@@ -88,6 +88,9 @@ class Hub:
                 self._pending.discard(m)
         if not reqs:
             return
+        # On the model's lane's stream (engine/streams.py): on a CPU under pack or fair, a batch
+        # does not queue behind another lane's training calls already in flight.
+        self.dispatcher.executor.streams.enter(m.lane)
         try:
             outs = m.launch(reqs, rows)
         except Exception as err:  # noqa: BLE001 - this batch's requests get 500, nothing else

@@ -12,7 +12,9 @@ chain, and 31-34 us a step with a stream id each (this project's 2-core VM; `jax
 Why per lane: a lane is what the ledger lets run beside the others (its P plus one ephemeral
 reservation ``E``: ``sum(P) + sum(lane E) <= arena``), and at most one step per lane is in
 flight, so the calls the ids let run in parallel are the ones memory was reserved for. The
-units of a lane share its stream and stay in the order they were dispatched. Data dependencies
+units of a lane share its stream and stay in the order they were dispatched; a deployed
+model's batches run on its own lane's stream (``deployed/hub.py``), so on a CPU they do not
+queue behind training calls already in flight. Data dependencies
 across streams (an evaluation reading a state a step is writing, a donated buffer another
 call still reads) are PJRT's to order, as for calls from different threads. A unit's results
 do not depend on the stream it ran on: the same executable on the same operands.
@@ -37,6 +39,14 @@ def _setter() -> Callable[[int], None] | None:
         return None
 
 
+def _cores() -> int:
+    """The cores this process may run on (a container's share, not the host's count)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # (not on Linux)
+        return os.cpu_count() or 1
+
+
 class LaneStreams:
     """``enter(lane)`` before a lane's call, on the dispatcher thread: the thread's execution
     stream becomes that lane's (on a CPU backend; a no-op elsewhere, or with ``parallel=False``)."""
@@ -44,7 +54,7 @@ class LaneStreams:
     def __init__(self, device: Any, *, parallel: bool = True, streams: int | None = None):
         on = parallel and getattr(device, "platform", None) == "cpu"
         self._set = _setter() if on else None
-        self.streams = max(1, streams or os.cpu_count() or 1)
+        self.streams = max(1, streams or _cores())
         self._current: int | None = None
 
     @property
