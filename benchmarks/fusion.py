@@ -149,9 +149,9 @@ def _child(kind: str, n: int, steps: int) -> dict:
         states = [jax.tree.map(lambda x: jax.numpy.array(x, copy=True), spec.state) for spec in specs]
         for start in range(0, steps, 16):
             for i, spec in enumerate(specs):
-                xla_client._xla.set_execution_stream_id(1 + i)
                 batches = [spec.data(k) for k in range(start, min(start + 16, steps))]
-                states[i], _ = f(states[i], jax.tree.map(lambda *xs: np.stack(xs), *batches))
+                with xla_client.execution_stream_id(1 + i):
+                    states[i], _ = f(states[i], jax.tree.map(lambda *xs: np.stack(xs), *batches))
         finals = jax.device_get(states)
     elif kind == "arrivals":
         import xshare

@@ -56,9 +56,6 @@ class Device:
         kept = [group.arrays[i] for i in slots]
         group.arrays = kept + [None] * (fused.capacity - len(kept))
 
-    def own_batches(self, job: Any) -> None:
-        job.owned = True
-
 
 class Layout:
     n_arrays = 1
@@ -153,7 +150,6 @@ def test_members_leaving_shrink_the_group_and_the_last_one_closes_it_and_frees_i
     for j in jobs[:2]:
         parts.life.end(j, _cancel())
     assert groups.all() == [] and g.id not in parts.ledger() and g.id not in parts.units.running
-    assert jobs[0].owned  # a leaving member's batches become its own (it may step alone next)
 
 
 def test_a_floor_keeps_groups_at_least_that_large_and_opens_one_for_a_shared_program():

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from .records import RECENT, RECENT_MIN, median_step_s
+from .records import RECENT, median_step_s, recent_host_s
 from .states import JobState
 
 
@@ -96,9 +96,7 @@ class Group:
         return 1e-3
 
     def host_estimate_s(self, default: float) -> float:
-        if self.host_gap_s is None or len(self.step_times) < 2 + RECENT_MIN:
-            return default
-        return self.host_gap_s
+        return recent_host_s(self.host_gap_s, self.step_times, default)
 
     def free_slot(self) -> int | None:
         return next((i for i, j in enumerate(self.slots) if j is None), None)

@@ -14,7 +14,6 @@ import numpy as np
 from ... import ffi
 from ..compiled import fusion
 from .group import Group
-from .source import own
 
 
 class GroupDevice:
@@ -49,11 +48,3 @@ class GroupDevice:
         """Restack the states of ``slots`` (in that order) into ``fused``'s capacity."""
         group.arrays = fusion.regroup(group.arrays, slots, fused.capacity)
 
-    def own_batches(self, job: Any) -> None:
-        """A member leaving its group: its queued batches were made for stacking, not copied
-        (source.produce); it may step alone next, and a solo step donates its batch, so the
-        runtime takes its own copies now."""
-        with job.feed_lock:
-            queued = list(job.batches)
-            job.batches.clear()
-            job.batches.extend(own(list(b), self.device) if isinstance(b, (list, tuple)) else b for b in queued)

@@ -45,8 +45,6 @@ class GroupDevice(Protocol):
 
     def regroup(self, group: Group, slots: list[int], fused: Any) -> None: ...
 
-    def own_batches(self, job: Any) -> None: ...
-
 
 class Groups:
     """The fusion groups of one runtime, by id.
@@ -145,7 +143,6 @@ class Groups:
         group = job.group
         group.slots[job.slot] = None
         job.group = job.slot = None
-        self.device.own_batches(job)
         if group.members:
             self._shrink(group)
             return
@@ -157,7 +154,6 @@ class Groups:
         for job in group.members:
             group.slots[job.slot] = None
             job.group = job.slot = None
-            self.device.own_batches(job)
         self._close(group)
 
     def _close(self, group: Group) -> None:

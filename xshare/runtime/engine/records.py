@@ -97,6 +97,14 @@ def median_step_s(step_times: Any, last: int | None = None) -> float | None:
     return times[len(times) // 2]
 
 
+def recent_host_s(host_gap_s: float | None, step_times: Any, default: float) -> float:
+    """A unit's measured host gap once it has run a few steps past its first two (whose gaps
+    are one-time costs too, as in ``median_step_s``), else ``default`` (the runtime's)."""
+    if host_gap_s is None or len(step_times) < 2 + RECENT_MIN:
+        return default
+    return host_gap_s
+
+
 @dataclass(frozen=True)
 class Prepared:
     """What the compile pool found for a job, handed to the dispatcher thread (which alone
@@ -247,9 +255,7 @@ class JobRecord:
     def host_estimate_s(self, default: float) -> float:
         """Host seconds per step the device waits for, as the policies rank it: its own once it
         has run a few steps (``step_estimate_s``: its first gaps are one-time costs too)."""
-        if self.host_gap_s is None or len(self.step_times) < 2 + RECENT_MIN:
-            return default
-        return self.host_gap_s
+        return recent_host_s(self.host_gap_s, self.step_times, default)
 
     def steps_per_s(self, now: float) -> float | None:
         if not self.started_s or self.steps_done == 0:

@@ -156,12 +156,11 @@ def produce(job: Any, device: Any, *, blocking: bool = True) -> bool:
                         raise BatchMismatch(f"batch {step} does not match the compiled step: {why}")
                 # A group member's leaves are copied when its group stacks them (np.stack), and
                 # so are a job's on its K-step form: a copy here would be a second one per leaf
-                # per step (~3 us of the dispatcher's ~20 a step, zoo MLP at K=16). The latter's
-                # come as a tuple, "not the runtime's yet": a single step takes them through
-                # ``owned`` (the one-step calls at its boundaries, the K-step check).
-                if job.group is not None:
-                    batch = leaves
-                elif job.tier is not None and job.tier.multi is not None:
+                # per step (~3 us of the dispatcher's ~20 a step, zoo MLP at K=16). They come
+                # as a tuple, "not the runtime's yet": a call that donates a single batch takes
+                # it through ``owned`` first (a K-step job's boundary steps and check, a member
+                # that left its group and steps alone).
+                if job.group is not None or (job.tier is not None and job.tier.multi is not None):
                     batch = tuple(leaves)
                 else:
                     batch = own(leaves, device)
