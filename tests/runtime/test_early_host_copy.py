@@ -66,11 +66,12 @@ def test_every_solo_step_is_copied_early_and_rows_and_state_are_the_plain_loops(
 
 def test_k_step_calls_and_fused_group_steps_are_copied_early(copied):
     # A K-step call's metrics are K rows: copied as one (8, ...) array. The tiers adopt K=8 in
-    # the background, so a run may end before it: up to three runs, as test_multistep does.
+    # the background, so a run may end before it: up to three runs, as test_multistep does
+    # (and long enough for the compile: until then its one-step calls run ~16 a turn).
     for _ in range(3):
         copied.clear()
         with xshare.Runtime(memory="256MiB", steps_per_call=8) as rt:
-            handle = rt.submit(make(6, 96))
+            handle = rt.submit(make(6, 600))
             rt.wait()
             rt._tier_pool.shutdown(wait=True)
         if handle._rec.tier is not None and handle._rec.tier.steps_at.get(8):
@@ -79,7 +80,7 @@ def test_k_step_calls_and_fused_group_steps_are_copied_early(copied):
     assert calls.get(8), calls
     # (+1: the exactness check's own K-step call, which is dispatched like the others)
     assert calls[8] // 8 <= sum(1 for shape in copied if shape[:1] == (8,)) <= calls[8] // 8 + 1, (copied, calls)
-    assert_trees_equal(handle.result()[0], plain_loop(make(6, 96))[0])
+    assert_trees_equal(handle.result()[0], plain_loop(make(6, 600))[0])
 
     copied.clear()
     with xshare.Runtime(memory="256MiB", fuse="always", steps_per_call=1) as rt:

@@ -40,8 +40,9 @@ def test_round_robin_inside_one_lane_alternates_every_quantum():
     steps long and alternate. (Each job's first turn may differ while the prefetchers fill, and
     its last turn may be shorter or, for the survivor, longer.)"""
     steps = 30
-    # Millisecond steps: the prefetch threads easily stay ahead of them.
-    specs = [heavy_step.bind(heavy_state(dim=128, seed=i), heavy_data(dim=128, batch=128, seed=i),
+    # Steps of a few milliseconds: the prefetch threads easily stay ahead of them, and a turn is
+    # one step (a run of one-step calls, Executor.run, takes about RUN_S: one step this long).
+    specs = [heavy_step.bind(heavy_state(dim=512, seed=i), heavy_data(dim=512, batch=256, seed=i),
                              steps=steps, name=f"j{i}") for i in range(2)]
     # A deep prefetch keeps both jobs ready: pack skips a job whose batch is late (that is
     # work conservation, not a broken turn), which would blur what this test looks at.

@@ -261,6 +261,16 @@ class ProgramCache:
         fut.set_result(result)
         return result
 
+    def built(self, key: str) -> Any:
+        """What ``shared`` built under ``key`` in this process, or None (not asked for yet,
+        still compiling, or failed): a caller with a thread of its own to compile on uses it
+        at once instead."""
+        with self._lock:
+            fut = self._programs.get(key)
+        if fut is None or not fut.done() or fut.exception() is not None:
+            return None
+        return fut.result()
+
     def _claim(self, table: dict, key: Any) -> tuple[Future, bool]:
         """The future for ``key`` in ``table``, and whether the caller must fill it (the first
         to ask computes; the others wait on its future)."""

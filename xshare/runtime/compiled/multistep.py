@@ -72,8 +72,16 @@ FORMS = (Form(16, False), Form(8, True))
 
 def compile_multi(program: CompiledStep, form: Form, device: Any) -> MultiStep:
     """The K-step program of ``program`` in ``form`` (compiled once per process)."""
-    key = f"multistep {program.key} k={form.k} unroll={form.unroll}"
-    return PROGRAMS.shared(key, lambda: _compile(program, form, device))
+    return PROGRAMS.shared(_multi_key(program, form), lambda: _compile(program, form, device))
+
+
+def built_multi(program: CompiledStep, form: Form) -> MultiStep | None:
+    """``compile_multi``'s program if this process has it already, else None."""
+    return PROGRAMS.built(_multi_key(program, form))
+
+
+def _multi_key(program: CompiledStep, form: Form) -> str:
+    return f"multistep {program.key} k={form.k} unroll={form.unroll}"
 
 
 def _compile(program: CompiledStep, form: Form, device: Any) -> MultiStep:
@@ -89,8 +97,17 @@ def _compile(program: CompiledStep, form: Form, device: Any) -> MultiStep:
 def compile_group_multi(program: CompiledStep, capacity: int, form: Form, device: Any) -> MultiStep:
     """The K-step program of ``program``'s fused group at ``capacity`` slots: K group steps (the
     same masked vmap, the same mask for all K) in one call, compiled once per process."""
-    key = f"fused multistep {program.key} c={capacity} k={form.k} unroll={form.unroll}"
-    return PROGRAMS.shared(key, lambda: _compile_group(program, capacity, form, device))
+    return PROGRAMS.shared(_group_multi_key(program, capacity, form),
+                           lambda: _compile_group(program, capacity, form, device))
+
+
+def built_group_multi(program: CompiledStep, capacity: int, form: Form) -> MultiStep | None:
+    """``compile_group_multi``'s program if this process has it already, else None."""
+    return PROGRAMS.built(_group_multi_key(program, capacity, form))
+
+
+def _group_multi_key(program: CompiledStep, capacity: int, form: Form) -> str:
+    return f"fused multistep {program.key} c={capacity} k={form.k} unroll={form.unroll}"
 
 
 def _compile_group(program: CompiledStep, capacity: int, form: Form, device: Any) -> MultiStep:

@@ -29,11 +29,11 @@ from .lifecycle import Lifecycle
 from .multicall import MultiCalls
 from .multigroup import GroupCalls
 from .planner import Planner
-from .records import JobRecord
+from .records import RECENT, JobRecord, median_step_s
 from .rows import BATCH, MetricsRows
 from .source import END, BatchMismatch, DataError, Feeding, owned
 from .streams import LaneStreams
-from .tiers import Tiers
+from .tiers import WARM_STEPS, Tiers
 from .units import Units
 
 log = logging.getLogger("xshare.runtime")
@@ -42,10 +42,26 @@ log = logging.getLogger("xshare.runtime")
 # vector(s) on the device, the host time it was dispatched (ns), steps in the call).
 InFlight = tuple[Any, Any, Any, int, int]
 
+# The most one-step calls a job's turn runs (``Executor.run``): past ~16 the host's per-turn
+# work is already a few percent of a run, and a turn stays short (~2 ms of 100 us steps) for
+# the controls, evaluations and other jobs that wait for the next turn boundary.
+RUN_STEPS = 16
+# ... and about this long at most: a run saves the host ~30 us a step, a few percent of a step
+# of 1 ms, so a job whose steps take that long keeps one step per turn (and jobs sharing a lane
+# alternate step by step, as before runs).
+RUN_S = 2e-3
+RUNS_IN_FLIGHT = 1  # pipeline entries left in flight after a run (``Executor.run``)
+
 
 def copies_early(device: Any) -> bool:
     """Whether steps' metrics start to the host at dispatch (``Executor.host_copy``)."""
     return getattr(device, "platform", "cpu") != "cpu"
+
+
+def run_steps(step_s: float) -> int:
+    """The most one-step calls a run makes of steps of ``step_s`` seconds (``RUN_STEPS``,
+    ``RUN_S``)."""
+    return max(1, min(RUN_STEPS, int(RUN_S / step_s))) if step_s > 0 else RUN_STEPS
 
 
 class Executor:
@@ -72,6 +88,7 @@ class Executor:
         # "The first GPU run"). A CPU backend's arrays are host memory already, and the call
         # costs ~5 us a step there: not made.
         self.host_copy = copies_early(device)
+        self.runs_free = getattr(device, "platform", "cpu") == "cpu"  # (run_length)
         self.fused_member_steps = 0                    # member steps run in fused groups, ever
         # On CPU each lane's calls on an execution stream of its own: lanes run side by side
         # (streams.py; Runtime(parallel_lanes=False) keeps every call on one stream).
@@ -102,6 +119,11 @@ class Executor:
                 self.fused.step(job, li, pos)
             return
         tier = job.tier
+        if tier is None and self.tiers.enabled and job.program is not None:
+            # Its first turn: a K-step form this process already checked and built for its
+            # program (another job's) is adopted now, not after its first run retires.
+            self.multi.consider(job)
+            tier = job.tier
         if tier is not None:
             if tier.pending is not None and tier.pending.done() and self.multi.promote(job, li, pos):
                 return  # the check ran this turn's steps (tiers.py)
@@ -110,6 +132,10 @@ class Executor:
                 if k > 1:
                     self.multi.dispatch(job, li, pos, k)
                     return
+        n = self.run_length(job)
+        if n > 1:
+            self.run(job, li, pos, n)
+            return
         batch = owned(job.batches.popleft(), self.device)  # (it is donated)
         if batch is END or isinstance(batch, DataError):
             self.dispatch_marker(job, batch)
@@ -136,6 +162,96 @@ class Executor:
         if self.host_copy:
             outs[1].copy_to_host_async()
         self.after_steps(job, step, 1)
+
+    def run_length(self, job: JobRecord) -> int:
+        """How many one-step calls ``job``'s turn runs (``run``): as many as a K-step call of
+        it could (``MultiCalls.bounds``: never past a boundary, and under srtf and priority
+        about ``QUANTUM_S`` of device time), up to ``RUN_STEPS`` and about ``RUN_S`` of its
+        measured steps, with the batches ready (made inline for cheap data).
+
+        On a CPU a run is one entry of the pipeline, as a K-step call is (its batches are host
+        memory, as a K-step call's stacked ones are). On an accelerator each of its batches is
+        a device buffer until its call ends, so the job's steps in flight stay within
+        ``1 + dispatch_ahead``, the in-flight batches its footprint is charged for: older
+        entries retire first to make room for a run of half that."""
+        # Its first run is its warm-up: it retires before the next, so its step time is
+        # measured and the tiers weigh a K-step program after WARM_STEPS steps, not 16. Then a
+        # run takes about RUN_S of its steps (and under srtf and priority, ``bounds``' cap).
+        step_s = None
+        if job.steps_done >= WARM_STEPS:
+            step_s = median_step_s(job.step_times, last=RECENT)
+            if step_s is None:
+                # The fences' times, read now rather than at the recorder's next drain (~5x
+                # a second): once per job.
+                self.timeline.drain()
+                step_s = median_step_s(job.step_times, last=RECENT)
+        want = min(self.multi.bounds(job).limit(), WARM_STEPS if step_s is None else run_steps(step_s))
+        if want < 2:
+            return 1
+        if not self.runs_free:
+            budget = self.config.dispatch_ahead + 1
+            while self.inflight and budget - self.steps_in_flight(job) < min(want, (budget + 1) // 2):
+                self.retire_oldest()
+            want = min(want, budget - self.steps_in_flight(job))
+            if want < 2:
+                return 1
+        return self.multi.ready_batches(job, want)
+
+    def steps_in_flight(self, job: JobRecord) -> int:
+        """The job's steps dispatched and not retired (a call's K counts K)."""
+        if not job.in_flight:
+            return 0
+        return sum(entry[4] for entry in self.inflight if entry[0] is job)
+
+    def run(self, job: JobRecord, li: int, pos: int, n: int) -> None:
+        """``n`` steps of ``job`` in one turn, each a call of its one-step program (a *run*).
+
+        What a K-step call saves the host, without a K-step program: one pick of the plan,
+        one pipeline entry, one retirement wait and one boundary check for ``n`` steps, where
+        one step per turn paid each every step (~30 us a step of a ~100 us step for a small
+        Flax net on this project's CPU machine; RESULTS.md). The calls and their operands are
+        the ones ``n`` turns would make, in the same order, so the job ends in the same state
+        bit for bit; the run is one entry of the pipeline, retired as a K-step call is (one
+        metrics row per step). ``run_length`` keeps ``n`` inside every boundary, so only a
+        failing call ends a run early: the steps before it count, and the job fails."""
+        batches, device, executable, ident = job.batches, self.device, job.program.executable, job.ident
+        arrays, vectors, host_copy = job.arrays, [], self.host_copy
+        step = job.spec.start_step + job.dispatched
+        t = time.monotonic_ns()
+        failed = None
+        for _ in range(n):
+            batch = owned(batches.popleft(), device)  # (it is donated)
+            try:
+                outs = executable(arrays, batch, ident) if ident is not None else executable(arrays, batch)
+            except Exception as err:  # noqa: BLE001 - as for one step: its job fails alone
+                failed = (batch, err)
+                break
+            arrays = outs[0]
+            vectors.append(outs[1])
+            if host_copy:
+                outs[1].copy_to_host_async()
+        job.arrays = arrays
+        done = len(vectors)
+        if self._fed(job):
+            self.feeder.request(job, done + (failed is not None))
+        if done:
+            job.dispatched += done
+            job.in_flight += 1
+            self.took_turn(job, li, pos)
+            self.inflight.append((job, step, vectors if done > 1 else vectors[0], t, done))
+            # Older entries retire now, not when ``dispatch_ahead`` entries are in flight: that
+            # many runs are ~100 steps, and what retiring does (steps counted, metrics reported,
+            # the tiers weighing a K-step program) would come that late. Only the run just made
+            # stays in flight: on a CPU the one before it has run by now (the host is the
+            # bound), elsewhere its calls were queued a run ago.
+            while len(self.inflight) > RUNS_IN_FLIGHT:
+                self.retire()
+        if failed is not None:
+            batch, err = failed
+            self.life.fail(job, dispatch_error(job, step + done, batch, err), err)
+            self.life.settle(job)
+            return
+        self.after_steps(job, step, done)
 
     def after_steps(self, job: JobRecord, step: int, k: int) -> None:
         """After steps ``step .. step + k - 1`` of a solo job were dispatched: its evaluation,
@@ -259,10 +375,13 @@ class Executor:
         t_end = t_end or time.monotonic_ns()
         rows = values if k > 1 else values[None]  # (k, capacity, metrics)
         finite = np.isfinite(rows).all(axis=2)  # once for the group, not once per member
+        # A member that failed after the call was dispatched (its data, later) keeps the call's
+        # steps; one that fails at a row of it (nan_policy="fail") keeps none after that row.
+        before = {slot: job.error for slot, (job, _) in steps.items()}
         for i in range(k):
             t_i = t + (t_end - t) * (i + 1) // k if k > 1 else t_end
             for slot, (job, step) in steps.items():
-                if job.error is None or i == 0:
+                if job.error is before[slot]:
                     self.retired(job, step + i, rows[i][slot], t_i, finite=bool(finite[i][slot]))
             if self.ring is None:
                 self.timeline.host_step(group, t + (t_end - t) * i // k, t_i)
@@ -275,8 +394,9 @@ class Executor:
         """The K rows of one K-step call, one per step, as if each had retired alone (host times
         split evenly over the call: the fences time each inner step themselves)."""
         k = len(values)
+        before = job.error  # (a failure after the call was dispatched: its steps still ran)
         for i in range(k):
-            if job.error is not None:
+            if job.error is not before:
                 break  # (nan_policy="fail" at an earlier row: the later rows are not its steps)
             t_i = t + (t_end - t) * (i + 1) // k
             self.retired(job, step + i, values[i], t_i)

@@ -49,6 +49,9 @@ class Candidate:
     gap_s: float | None               # measured host gap per step
     period: int | None                # fewest steps between two of its boundaries
     own_steps: int | None = None      # the unit's own steps, done and left (None: done + steps_left)
+    # Its K-step program in a form if this process built it already (another unit of the
+    # program did), else None: then it is taken at once, not compiled on the pool again.
+    built: Callable[[Form], Any] | None = None
 
 
 @dataclass(eq=False)
@@ -176,6 +179,14 @@ class Tiers:
     def _start(self, tier: JobTier, c: "Candidate", form: Form) -> None:
         tier.form = form
         tier.tried.append(form)
+        # Built already: ready at the unit's next turn. A round trip through the pool would
+        # take a turn or more, and a run of one-step calls (Executor.run) takes 16 steps a turn:
+        # the unit would run those one per call for nothing.
+        ready = c.built(form) if c.built is not None else None
+        if ready is not None:
+            tier.pending = Future()
+            tier.pending.set_result(ready)
+            return
         build = c.compile
         assert self._submit is not None  # (only an enabled Tiers starts a compile: it has a pool)
         try:
