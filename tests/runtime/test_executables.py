@@ -157,6 +157,7 @@ def test_a_kept_executable_whose_trial_call_raises_is_dropped_and_compiled_again
     f = jax.jit(lambda x: x * 3)
     device = jax.devices()[0]
     store.compile("k", lambda: f.lower(jnp.ones(4)), device=device, nbytes=16, trial=lambda c: c(jnp.zeros(4)))
+    settle()
     path = tmp_path / "executables" / "k.xla"
     assert path.exists() and store.saved == 1
 

@@ -125,7 +125,10 @@ class Executables:
         if directory is not None:
             path = directory / f"{key}.xla"
             if not self._local.hit and (inner is None or inner not in self._from_xla):
-                self._save(path, compiled)
+                # Off the caller's path too: serializing and writing it took ~20 ms of a small
+                # step's ~0.5 s start, and nothing this process runs waits for the file.
+                threading.Thread(target=self._save, args=(path, compiled), name="xshare-keep-executable",
+                                 daemon=False).start()  # (not a daemon: exit waits for the write)
             else:
                 # Not serializable as XLA loaded it: a fresh copy, off the caller's path.
                 threading.Thread(target=self._save_fresh, args=(path, lowered), name="xshare-keep-executable",

@@ -141,7 +141,7 @@ def _scan_program(step: Callable, state_struct: Any, batch_struct: Any, *, xs: C
     multi: Callable[..., Any]  # its arguments: the fenced one takes the fences' ident too
     if fenced:
         ffi.ensure_loaded()
-        fenced_step = ffi.fenced(step, donated=True)
+        fenced_step = ffi.fenced(step, donated=True, outputs=getattr(step, "outputs", None))
         args.append(jax.ShapeDtypeStruct((3,), np.int32, sharding=sharding))
 
         def multi(state, arg, ident):

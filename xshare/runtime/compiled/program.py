@@ -269,7 +269,8 @@ def lower_fenced(flat: Callable, state_struct: list, batch_struct: list, device:
     ident = jax.ShapeDtypeStruct((3,), np.int32, sharding=jax.sharding.SingleDeviceSharding(device))
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-        return jax.jit(ffi.fenced(flat, donated=True), donate_argnums=DONATE).lower(state_struct, batch_struct, ident)
+        fenced = ffi.fenced(flat, donated=True, outputs=getattr(flat, "outputs", None))
+        return jax.jit(fenced, donate_argnums=DONATE).lower(state_struct, batch_struct, ident)
 
 
 def replay(closed: Any, n_state: int) -> Callable:
@@ -286,6 +287,8 @@ def replay(closed: Any, n_state: int) -> Callable:
         outs = fun(*state_arrays, *batch_arrays)
         return list(outs[:n_state]), outs[n_state]
 
+    # What it returns, known without tracing it (``ffi.fenced`` would trace it again to learn).
+    step.outputs = (list(closed.out_avals[:n_state]), closed.out_avals[n_state])  # type: ignore[attr-defined]
     return step
 
 
