@@ -56,7 +56,10 @@ class Runtime:
       policy: ``fifo`` | ``pack`` | ``srtf`` | ``fair`` | ``priority`` (or a Policy object).
       memory: the arena's size: bytes, a string like ``"4GiB"``, or None for the device's
         preallocated pool (GPU) or half the physical RAM (CPU).
-      quantum: steps a job keeps its lane per turn under round-robin policies.
+      quantum: turns a job keeps its lane under round-robin policies. A turn is one call of
+        its program: one step, K steps of its K-step program, or a *run* of up to 16 calls of
+        its one-step program (about 2 ms of its steps; a job whose steps take longer runs one
+        per turn), never past a boundary (docs/explanation/multi-step.md, "Runs").
       log_dir: if given, each job writes ``{log_dir}/{name}/metrics.jsonl`` and ``log.txt``.
       prefetch: batches moved to the device ahead of each job's step (charged as staging memory).
       dispatch_ahead: steps kept in flight behind the executing one (0 disables pipelining).
