@@ -480,3 +480,19 @@ def test_a_job_on_its_k_step_form_never_donates_the_users_arrays_in_its_single_s
     assert not x.is_deleted()
     np.testing.assert_array_equal(x, np.arange(4, dtype=np.float32))
     assert_trees_equal(handle.result()[0], plain_loop(make())[0])
+
+
+def test_a_job_whose_program_has_a_checked_and_built_form_runs_it_from_its_first_step():
+    """A later job of a program whose K-step form this process checked and built runs every
+    step on it: the form is adopted at the job's first turn, taken at once rather than through
+    the compile pool (a round trip in which its first run of one-step calls would go)."""
+    def make():
+        return linreg_step.bind(linreg_state(dim=5, seed=7), linreg_data(dim=5, seed=7), steps=64, name="again")
+
+    first = _run_until(8, make, memory="256MiB", steps_per_call=8)
+    assert first._rec.tier.steps_at.get(8), first._rec.tier.steps_at
+    with xshare.Runtime(memory="256MiB", steps_per_call=8) as rt:
+        handle = rt.submit(make())
+        rt.wait()
+    assert handle._rec.tier.steps_at == {8: 64}, handle._rec.tier.steps_at
+    assert_trees_equal(handle.result()[0], plain_loop(make())[0])

@@ -116,6 +116,10 @@ class Lifecycle:
                                     eval_data=None, on_metrics=None)
         job.source = None
         job.batches.clear()
+        # ... and what only its steps read: its layouts (an NNX model's graph, its variables'
+        # paths and metadata: tens of KiB a job), its program read as data, its lifted
+        # constants. A finished job answers from host_state, its counters and its tier.
+        job.layout = job.batch_layout = job.traced = job.lifted = job.now = None
         self.units.changed = True
         self.flush()
         self.recorder.line(job, f"{job.state.value} after {job.steps_done} steps")
