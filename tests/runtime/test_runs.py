@@ -136,3 +136,29 @@ def test_a_run_takes_about_run_s_of_a_jobs_steps():
     assert run_steps(RUN_S / 4) == 4
     assert run_steps(RUN_S) == run_steps(4 * RUN_S) == 1
     assert run_steps(0.0) == RUN_STEPS  # (a step the fences timed at 0 ns)
+
+
+def test_a_fused_groups_turn_runs_several_group_steps_and_its_members_end_as_the_vmapped_loop(monkeypatch):
+    """A fused group at one step per call runs several group steps a turn, once its fusion is
+    settled and its steps measured: every member ends as the same vmapped loop."""
+    from tests.runtime.test_fusion import vmapped_loop
+    from xshare.runtime.engine.multigroup import GroupCalls
+
+    lengths: list[int] = []
+    real = GroupCalls.run
+
+    def run(self, group, li, pos, n):
+        lengths.append(n)
+        return real(self, group, li, pos, n)
+
+    monkeypatch.setattr(GroupCalls, "run", run)
+    specs = [make(i, 200) for i in range(3)]
+    with xshare.Runtime(memory="256MiB", fuse="always", steps_per_call=1) as rt:
+        handles = rt.submit_many(specs)
+        rt.wait()
+        snap = rt.snapshot()
+    assert snap["runtime"]["fused_member_steps"] == 3 * 200, snap["runtime"]
+    assert lengths and max(lengths) <= RUN_STEPS and sum(lengths) > 100, lengths
+    assert all(j["steps_per_call"] == {"1": 200} for j in snap["jobs"]), [j["steps_per_call"] for j in snap["jobs"]]
+    for h, want in zip(handles, vmapped_loop(specs, 4, 200)):
+        assert_trees_equal(h.result()[0], want)

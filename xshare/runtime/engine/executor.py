@@ -116,7 +116,7 @@ class Executor:
             if job.payoff is not fusecheck.SETTLED and self.tend(job):
                 return  # it dissolved: fusing did not pay, its members step alone from now
             if job.tier is None or not self.fused.tier_turn(job, li, pos):
-                self.fused.step(job, li, pos)
+                self.fused.turn(job, li, pos)
             return
         tier = job.tier
         if tier is None and self.tiers.enabled and job.program is not None:
@@ -197,6 +197,15 @@ class Executor:
                 return 1
         return self.multi.ready_batches(job, want)
 
+    def after_run(self) -> None:
+        """After a run (a job's or a fused group's): older entries retire now, not when
+        ``dispatch_ahead`` entries are in flight. That many runs are ~100 steps, and what
+        retiring does (steps counted, metrics reported, the tiers weighing a K-step program)
+        would come that late. Only the run just made stays in flight: on a CPU the one before
+        it has run by now (the host is the bound), elsewhere its calls were queued a run ago."""
+        while len(self.inflight) > RUNS_IN_FLIGHT:
+            self.retire()
+
     def steps_in_flight(self, job: JobRecord) -> int:
         """The job's steps dispatched and not retired (a call's K counts K)."""
         if not job.in_flight:
@@ -239,13 +248,7 @@ class Executor:
             job.in_flight += 1
             self.took_turn(job, li, pos)
             self.inflight.append((job, step, vectors if done > 1 else vectors[0], t, done))
-            # Older entries retire now, not when ``dispatch_ahead`` entries are in flight: that
-            # many runs are ~100 steps, and what retiring does (steps counted, metrics reported,
-            # the tiers weighing a K-step program) would come that late. Only the run just made
-            # stays in flight: on a CPU the one before it has run by now (the host is the
-            # bound), elsewhere its calls were queued a run ago.
-            while len(self.inflight) > RUNS_IN_FLIGHT:
-                self.retire()
+            self.after_run()
         if failed is not None:
             batch, err = failed
             self.life.fail(job, dispatch_error(job, step + done, batch, err), err)

@@ -21,7 +21,7 @@ import jax
 import numpy as np
 
 from ...sched import steps as ksteps
-from . import evaluation
+from . import evaluation, fusecheck
 from ..compiled import fusion, multistep
 from ..causes import short_error
 from ..config import RuntimeConfig
@@ -30,9 +30,9 @@ from ..compiled.multistep import MultiStep, Verdict
 from ..compiled.payoff import group_key
 from .lifecycle import Lifecycle
 from .multicall import MultiCalls, _done, call, compare, scratch_ident, state_copy
-from .records import JobRecord
+from .records import RECENT, JobRecord, median_step_s
 from .source import END, DataError, Feeding
-from .tiers import Candidate, Tiers, typical_step_s
+from .tiers import WARM_STEPS, Candidate, Tiers, typical_step_s
 from .units import Units
 
 if TYPE_CHECKING:  # (the executor makes this part and hands itself in: a cycle for types only)
@@ -51,6 +51,69 @@ class GroupCalls:
         self.feeder, self._fed = feeding.feeder, feeding.fed
         self.config, self.recorder, self.timeline = config, recorder, timeline
         self.device, self.ring, self.arena = device, ring, arena
+
+    def turn(self, group: Group, li: int, pos: int) -> None:
+        """A group's turn at one step per call: a run of group steps (``run``), or one."""
+        n = self.run_length(group)
+        if n > 1:
+            self.run(group, li, pos, n)
+        else:
+            self.step(group, li, pos)
+
+    def run_length(self, group: Group) -> int:
+        """How many group steps a run makes (``Executor.run_length``'s rule for a solo job:
+        about ``RUN_S`` of the group's measured steps, never past a stepping member's boundary
+        or its batches ready); 1 on an accelerator, before the group's steps are measured, and
+        while its fusion is still being measured (``fusecheck``: it times single steps)."""
+        from .executor import run_steps
+
+        if not self.pipeline.runs_free or group.payoff is not fusecheck.SETTLED or group.steps_run < WARM_STEPS:
+            return 1
+        step_s = median_step_s(group.step_times, RECENT)
+        if step_s is None:
+            self.timeline.drain()  # the fences' times, now rather than at the recorder's next drain
+            step_s = median_step_s(group.step_times, RECENT)
+            if step_s is None:
+                return 1
+        want = run_steps(step_s)
+        return 1 if want < 2 else self.steps_this_call(group, tuple(range(1, want + 1)))
+
+    def run(self, group: Group, li: int, pos: int, n: int) -> None:
+        """``n`` group steps in one turn, each a call of the group's one-step program with the
+        same members and mask: the calls ``n`` turns would make, so the members end as they
+        would (``Executor.run`` for a solo job). A call that raises fails every member, as in
+        ``step``; the group steps before it count."""
+        got = self.take_batches(group, n)
+        if got is None:
+            self.step(group, li, pos)  # (a member's batch does not fit: it fails alone there)
+            return
+        taken, stacked, mask = got
+        group.now = None
+        if fusion.on_host(group.arrays):  # its first step: the stack its members joined goes over
+            group.arrays = jax.device_put(group.arrays, self.device)
+        executable, ident, host_copy = group.fused.executable, group.ident, self.pipeline.host_copy
+        arrays, rows, failed = group.arrays, [], None
+        t = time.monotonic_ns()
+        for i in range(n):
+            args = (arrays, ([leaf[i] for leaf in stacked], mask)) + ((ident,) if ident is not None else ())
+            try:
+                outs = executable(*args)
+            except Exception as err:  # noqa: BLE001 - as step(): the donated stack is gone
+                failed = err
+                break
+            arrays = outs[0]
+            rows.append(outs[1])
+            if host_copy:
+                outs[1].copy_to_host_async()
+        group.arrays = arrays
+        if rows:
+            self._stepped(group, li, pos, taken, rows if len(rows) > 1 else rows[0], t, len(rows), per_call=1)
+        if failed is not None:
+            for job in group.members:
+                self.life.fail(job, f"fused step of {group.name} raised: {short_error(failed)}", failed)
+                self.life.settle(job)
+            return
+        self.pipeline.after_run()
 
     def step(self, group: Group, li: int, pos: int) -> None:
         """One fused step: every stepping member's own batch, stacked; idle slots masked."""
@@ -202,8 +265,10 @@ class GroupCalls:
         self._stepped(group, li, pos, taken, outs[1], t, k)
         group.tier.steps_at[k] = group.tier.steps_at.get(k, 0) + k
 
-    def _stepped(self, group: Group, li: int, pos: int, taken: dict, rows: Any, t: int, k: int) -> None:
-        """Account ``k`` dispatched group steps of the members in ``taken``."""
+    def _stepped(self, group: Group, li: int, pos: int, taken: dict, rows: Any, t: int, k: int,
+                 per_call: int | None = None) -> None:
+        """Account ``k`` dispatched group steps of the members in ``taken`` (``per_call``: the
+        steps each call ran, if not ``k``: 1 for a run)."""
         group.steps_run += k
         group.fused_member_steps += k * len(taken)
         self.pipeline.fused_member_steps += k * len(taken)
@@ -212,9 +277,10 @@ class GroupCalls:
         for slot, (job, step, _) in taken.items():
             job.dispatched += k
             job.in_flight += 1
-            if k > 1 or job.tier is not None:  # each member's steps per call (status, RESULTS)
+            calls = k if per_call is None else per_call
+            if calls > 1 or job.tier is not None:  # each member's steps per call (status, RESULTS)
                 member = self.tiers.tier(job)
-                member.steps_at[k] = member.steps_at.get(k, 0) + k
+                member.steps_at[calls] = member.steps_at.get(calls, 0) + k
                 if group.tier is not None and group.tier.note:
                     member.note = f"in {group.name}: {group.tier.note}"
             if job.eval is not None:
