@@ -223,7 +223,9 @@ class Executor:
         bit for bit; the run is one entry of the pipeline, retired as a K-step call is (one
         metrics row per step). ``run_length`` keeps ``n`` inside every boundary, so only a
         failing call ends a run early: the steps before it count, and the job fails."""
-        batches, device, executable, ident = job.batches, self.device, job.program.executable, job.ident
+        program = job.program
+        assert program is not None  # (it was picked to step: compiled)
+        batches, device, executable, ident = job.batches, self.device, program.executable, job.ident
         arrays, vectors, host_copy = job.arrays, [], self.host_copy
         step = job.spec.start_step + job.dispatched
         t = time.monotonic_ns()
@@ -250,8 +252,8 @@ class Executor:
             self.inflight.append((job, step, vectors if done > 1 else vectors[0], t, done))
             self.after_run()
         if failed is not None:
-            batch, err = failed
-            self.life.fail(job, dispatch_error(job, step + done, batch, err), err)
+            bad, error = failed
+            self.life.fail(job, dispatch_error(job, step + done, bad, error), error)
             self.life.settle(job)
             return
         self.after_steps(job, step, done)
