@@ -158,8 +158,7 @@ def run_batch(d: Host, job: Any) -> None:
     batch = ev.next
     try:
         program = ev.program(batch)  # (the memo: batches of the first's shapes hit ev.first)
-        leaves = jax.device_put(layout_of(batch)[0], d.device)
-        ev.acc.append(program.executable(ev.state, leaves))
+        ev.acc.append(program.executable(ev.state, _on_device(layout_of(batch)[0], d.device)))
     except Exception as err:  # noqa: BLE001 - a batch that does not fit, an error in eval_step
         _failed(d, job, f"its eval_step failed on eval batch {ev.n} after step {step}: "
                         f"{short_error(err)}", err)
@@ -274,6 +273,16 @@ def _start_group_pass(units: Units, lead: Any) -> bool:
     return True
 
 
+def _on_device(leaves: list, device: Any) -> list:
+    """An eval batch's leaves for its program. An eval program donates nothing, so on a CPU the
+    leaves go as they are: the executable's C++ call path takes a numpy array in a few us, where
+    ``device_put`` costs ~50 us a batch (a 64-trial digits study made ~2300 eval batches: 0.15 s
+    of its dispatcher's 1.1 s). Elsewhere ``device_put`` starts the host-to-device copy now."""
+    if getattr(device, "platform", "cpu") == "cpu":
+        return list(leaves)
+    return jax.device_put(leaves, device)
+
+
 def _group_batch(d: Host, lead: Any) -> None:
     gp = lead.eval.shared_pass
     group = lead.group
@@ -289,7 +298,7 @@ def _group_batch(d: Host, lead: Any) -> None:
         fill = next(iter(by_slot.values()))
         batches = [np.stack([by_slot.get(s, fill)[i] for s in range(gp.capacity)]) for i in range(len(fill))]
         n_state = lead.eval.n_state  # (the stack ends with the lifted constants, if any)
-        gp.acc.append(gp.stacked(list(group.arrays)[:n_state], jax.device_put(batches, d.device)))
+        gp.acc.append(gp.stacked(list(group.arrays)[:n_state], _on_device(batches, d.device)))
     except Exception as err:  # noqa: BLE001 - an error in eval_step fails the members evaluated
         for m in gp.members:
             m.eval.shared_pass = None
