@@ -115,6 +115,11 @@ class Executor:
         if job.is_group:
             if job.payoff is not fusecheck.SETTLED and self.tend(job):
                 return  # it dissolved: fusing did not pay, its members step alone from now
+            if job.tier is None and self.tiers.enabled:
+                # As for a solo job's first turn: a K-step form of the group's program this
+                # process checked and built already is adopted now, not at its first retire
+                # (a fused group's pipeline is deep: that came 32 group steps late).
+                self.fused.consider(job)
             if job.tier is None or not self.fused.tier_turn(job, li, pos):
                 self.fused.turn(job, li, pos)
             return
