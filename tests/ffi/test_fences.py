@@ -87,6 +87,28 @@ def test_fenced_hlo_has_both_fences_and_no_added_copy(ring):
         state, batch).as_text()
 
 
+def test_outputs_given_spare_the_trace_and_fence_the_same_inputs(ring):
+    # The runtime knows a step's outputs from its jaxpr: given them, ``fenced`` does not trace
+    # the step again (eval_shape) to learn which inputs jax will alias, and the program is the
+    # one it makes without them.
+    state, batch = mlp_state(), mlp_batch(0)
+    traces = []
+
+    def counted(s, b):
+        traces.append(1)
+        return mlp_step(s, b)
+
+    outputs = jax.eval_shape(mlp_step, state, batch)
+    given = jax.jit(ffi.fenced(counted, ring_id=ring, job_id=1, outputs=outputs), donate_argnums=(0, 1))
+    assert len(traces) == 0
+    lowered = given.lower(state, batch).as_text()
+    assert len(traces) == 1  # the program's own trace only
+    traces.clear()
+    learned = jax.jit(ffi.fenced(counted, ring_id=ring, job_id=1), donate_argnums=(0, 1)).lower(state, batch).as_text()
+    assert len(traces) == 2  # without them: eval_shape, then the program
+    assert lowered == learned
+
+
 def test_fencing_an_unaliasable_input_costs_one_copy(ring):
     # Why `fenced` leaves the batch out of `begin`: jax drops the donation of an input no
     # output can alias, and XLA must then copy it before an in-place custom call.

@@ -15,7 +15,8 @@ import jax.numpy as jnp
 import pytest
 
 import xshare
-from xshare.runtime.engine.executor import RUN_STEPS, Executor
+from xshare.runtime.engine.executor import Executor
+from xshare.runtime.engine.multicall import RUN_STEPS
 from tests.helpers import assert_trees_equal, linreg_data, linreg_state, linreg_step, plain_loop
 
 
@@ -130,7 +131,7 @@ def test_off_a_cpu_a_jobs_steps_in_flight_stay_within_what_its_footprint_is_char
 def test_a_run_takes_about_run_s_of_a_jobs_steps():
     """Small steps run 16 a turn; steps of RUN_S or more run one a turn, so jobs of long steps
     that share a lane alternate step by step as they did before runs."""
-    from xshare.runtime.engine.executor import RUN_S, run_steps
+    from xshare.runtime.engine.multicall import RUN_S, run_steps
 
     assert run_steps(50e-6) == RUN_STEPS == 16
     assert run_steps(RUN_S / 4) == 4

@@ -26,7 +26,7 @@ from ..causes import dispatch_error, short_error
 from ..config import RuntimeConfig
 from .group import Group
 from .lifecycle import Lifecycle
-from .multicall import MultiCalls
+from .multicall import MultiCalls, chain, run_steps
 from .multigroup import GroupCalls
 from .planner import Planner
 from .records import RECENT, JobRecord, median_step_s
@@ -42,26 +42,12 @@ log = logging.getLogger("xshare.runtime")
 # vector(s) on the device, the host time it was dispatched (ns), steps in the call).
 InFlight = tuple[Any, Any, Any, int, int]
 
-# The most one-step calls a job's turn runs (``Executor.run``): past ~16 the host's per-turn
-# work is already a few percent of a run, and a turn stays short (~2 ms of 100 us steps) for
-# the controls, evaluations and other jobs that wait for the next turn boundary.
-RUN_STEPS = 16
-# ... and about this long at most: a run saves the host ~30 us a step, a few percent of a step
-# of 1 ms, so a job whose steps take that long keeps one step per turn (and jobs sharing a lane
-# alternate step by step, as before runs).
-RUN_S = 2e-3
 RUNS_IN_FLIGHT = 1  # pipeline entries left in flight after a run (``Executor.run``)
 
 
 def copies_early(device: Any) -> bool:
     """Whether steps' metrics start to the host at dispatch (``Executor.host_copy``)."""
     return getattr(device, "platform", "cpu") != "cpu"
-
-
-def run_steps(step_s: float) -> int:
-    """The most one-step calls a run makes of steps of ``step_s`` seconds (``RUN_STEPS``,
-    ``RUN_S``)."""
-    return max(1, min(RUN_STEPS, int(RUN_S / step_s))) if step_s > 0 else RUN_STEPS
 
 
 class Executor:
@@ -88,7 +74,8 @@ class Executor:
         # "The first GPU run"). A CPU backend's arrays are host memory already, and the call
         # costs ~5 us a step there: not made.
         self.host_copy = copies_early(device)
-        self.runs_free = getattr(device, "platform", "cpu") == "cpu"  # (run_length)
+        # On a CPU a run is one pipeline entry, its batches host memory (run_length).
+        self.runs_free = not self.host_copy
         self.fused_member_steps = 0                    # member steps run in fused groups, ever
         # On CPU each lane's calls on an execution stream of its own: lanes run side by side
         # (streams.py; Runtime(parallel_lanes=False) keeps every call on one stream).
@@ -182,14 +169,7 @@ class Executor:
         # Its first run is its warm-up: it retires before the next, so its step time is
         # measured and the tiers weigh a K-step program after WARM_STEPS steps, not 16. Then a
         # run takes about RUN_S of its steps (and under srtf and priority, ``bounds``' cap).
-        step_s = None
-        if job.steps_done >= WARM_STEPS:
-            step_s = median_step_s(job.step_times, last=RECENT)
-            if step_s is None:
-                # The fences' times, read now rather than at the recorder's next drain (~5x
-                # a second): once per job.
-                self.timeline.drain()
-                step_s = median_step_s(job.step_times, last=RECENT)
+        step_s = self.measured_step_s(job) if job.steps_done >= WARM_STEPS else None
         want = min(self.multi.bounds(job).limit(), WARM_STEPS if step_s is None else run_steps(step_s))
         if want < 2:
             return 1
@@ -201,6 +181,16 @@ class Executor:
             if want < 2:
                 return 1
         return self.multi.ready_batches(job, want)
+
+    def measured_step_s(self, unit: Any) -> float | None:
+        """The median of a job's (or a fused group's) recent steps, None while too few are
+        measured. The fences' times are read now if there are none yet, rather than at the
+        recorder's next drain (~5x a second): once per unit."""
+        step_s = median_step_s(unit.step_times, last=RECENT)
+        if step_s is None:
+            self.timeline.drain()
+            step_s = median_step_s(unit.step_times, last=RECENT)
+        return step_s
 
     def after_run(self) -> None:
         """After a run (a job's or a fused group's): older entries retire now, not when
@@ -230,23 +220,11 @@ class Executor:
         failing call ends a run early: the steps before it count, and the job fails."""
         program = job.program
         assert program is not None  # (it was picked to step: compiled)
-        batches, device, executable, ident = job.batches, self.device, program.executable, job.ident
-        arrays, vectors, host_copy = job.arrays, [], self.host_copy
+        batches, device = job.batches, self.device
         step = job.spec.start_step + job.dispatched
         t = time.monotonic_ns()
-        failed = None
-        for _ in range(n):
-            batch = owned(batches.popleft(), device)  # (it is donated)
-            try:
-                outs = executable(arrays, batch, ident) if ident is not None else executable(arrays, batch)
-            except Exception as err:  # noqa: BLE001 - as for one step: its job fails alone
-                failed = (batch, err)
-                break
-            arrays = outs[0]
-            vectors.append(outs[1])
-            if host_copy:
-                outs[1].copy_to_host_async()
-        job.arrays = arrays
+        job.arrays, vectors, failed = chain(program.executable, job.arrays, job.ident, self.host_copy,
+                                            (owned(batches.popleft(), device) for _ in range(n)))  # (donated)
         done = len(vectors)
         if self._fed(job):
             self.feeder.request(job, done + (failed is not None))

@@ -6,6 +6,9 @@ pipeline (``executor.Executor``, which makes it; dispatcher thread only). How
 many steps a call runs is ``sched.steps.steps_per_call`` over the job's boundaries, so a call
 never passes its last step, an evaluation, a checkpoint, a report a study acts on, the batches
 it has, or (preemptive policies) about ``sched.steps.QUANTUM_S`` of device time.
+
+Runs share those bounds: several calls of a unit's one-step program in one turn (``chain``,
+``run_steps``; ``Executor.run`` and ``GroupCalls.run`` make them).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import jax
 import numpy as np
@@ -39,6 +42,17 @@ _SCRATCH_JOB = 2**31 - 1
 # Above this many state bytes the check times the K-step call's first run instead of a second
 # one on a third copy of the state (a second copy of a large state is not worth a timing).
 _TIMED_COPY_BYTES = 256 << 20
+
+
+# Runs: several calls of a unit's one-step program in one turn (``Executor.run``,
+# ``GroupCalls.run``, ``chain``). The most calls a run makes: past ~16 the host's per-turn work
+# is already a few percent of a run, and a turn stays short (~2 ms of 100 us steps) for the
+# controls, evaluations and other jobs that wait for the next turn boundary.
+RUN_STEPS = 16
+# ... and about this long at most: a run saves the host ~30 us a step, a few percent of a step
+# of 1 ms, so a job whose steps take that long keeps one step per turn (and jobs sharing a lane
+# alternate step by step, as before runs).
+RUN_S = 2e-3
 
 
 class MultiCalls:
@@ -362,3 +376,28 @@ def _timed(multi: MultiStep, state: list, stacked: Any, scratch: Any,
         if time.perf_counter() - start > TIMING_BUDGET_S:
             break
     return best_multi, (best_single if singles is not None else 0.0)
+
+
+def run_steps(step_s: float) -> int:
+    """The most one-step calls a run makes of steps of ``step_s`` seconds (``RUN_STEPS``,
+    ``RUN_S``)."""
+    return max(1, min(RUN_STEPS, int(RUN_S / step_s))) if step_s > 0 else RUN_STEPS
+
+
+def chain(executable: Any, arrays: Any, ident: Any, host_copy: bool,
+          batches: Iterable[Any]) -> tuple[Any, list, tuple[Any, Exception] | None]:
+    """Call ``executable`` once per batch of ``batches``, each call on the state the one before
+    returned (a run: ``Executor.run``, ``GroupCalls.run``): ``(the last state, each call's
+    metrics, None)``, or at the first call that raises ``(the state before it, the metrics of
+    the calls before it, (its batch, the error))``; the batches after it are not taken."""
+    rows: list = []
+    for batch in batches:
+        try:
+            outs = call(executable, arrays, batch, ident)
+        except Exception as err:  # noqa: BLE001 - the caller fails its job(s)
+            return arrays, rows, (batch, err)
+        arrays = outs[0]
+        rows.append(outs[1])
+        if host_copy:
+            outs[1].copy_to_host_async()  # (Executor.host_copy)
+    return arrays, rows, None

@@ -29,8 +29,8 @@ from .group import Group
 from ..compiled.multistep import MultiStep, Verdict
 from ..compiled.payoff import group_key
 from .lifecycle import Lifecycle
-from .multicall import MultiCalls, _done, call, compare, scratch_ident, state_copy
-from .records import RECENT, JobRecord, median_step_s
+from .multicall import MultiCalls, _done, call, chain, compare, run_steps, scratch_ident, state_copy
+from .records import JobRecord
 from .source import END, DataError, Feeding
 from .tiers import WARM_STEPS, Candidate, Tiers, typical_step_s
 from .units import Units
@@ -65,16 +65,11 @@ class GroupCalls:
         about ``RUN_S`` of the group's measured steps, never past a stepping member's boundary
         or its batches ready); 1 on an accelerator, before the group's steps are measured, and
         while its fusion is still being measured (``fusecheck``: it times single steps)."""
-        from .executor import run_steps
-
         if not self.pipeline.runs_free or group.payoff is not fusecheck.SETTLED or group.steps_run < WARM_STEPS:
             return 1
-        step_s = median_step_s(group.step_times, RECENT)
+        step_s = self.pipeline.measured_step_s(group)
         if step_s is None:
-            self.timeline.drain()  # the fences' times, now rather than at the recorder's next drain
-            step_s = median_step_s(group.step_times, RECENT)
-            if step_s is None:
-                return 1
+            return 1
         want = run_steps(step_s)
         return 1 if want < 2 else self.steps_this_call(group, tuple(range(1, want + 1)))
 
@@ -91,26 +86,15 @@ class GroupCalls:
         group.now = None
         if fusion.on_host(group.arrays):  # its first step: the stack its members joined goes over
             group.arrays = jax.device_put(group.arrays, self.device)
-        executable, ident, host_copy = group.fused.executable, group.ident, self.pipeline.host_copy
-        arrays, rows, failed = group.arrays, [], None
         t = time.monotonic_ns()
-        for i in range(n):
-            args = (arrays, ([leaf[i] for leaf in stacked], mask)) + ((ident,) if ident is not None else ())
-            try:
-                outs = executable(*args)
-            except Exception as err:  # noqa: BLE001 - as step(): the donated stack is gone
-                failed = err
-                break
-            arrays = outs[0]
-            rows.append(outs[1])
-            if host_copy:
-                outs[1].copy_to_host_async()
-        group.arrays = arrays
+        group.arrays, rows, failed = chain(group.fused.executable, group.arrays, group.ident, self.pipeline.host_copy,
+                                           (([leaf[i] for leaf in stacked], mask) for i in range(n)))
         if rows:
             self._stepped(group, li, pos, taken, rows if len(rows) > 1 else rows[0], t, len(rows), per_call=1)
-        if failed is not None:
+        if failed is not None:  # as in step(): the donated stack is gone, every member fails
+            err = failed[1]
             for job in group.members:
-                self.life.fail(job, f"fused step of {group.name} raised: {short_error(failed)}", failed)
+                self.life.fail(job, f"fused step of {group.name} raised: {short_error(err)}", err)
                 self.life.settle(job)
             return
         self.pipeline.after_run()
