@@ -235,3 +235,32 @@ def test_explain_given_a_name_says_it_takes_the_specs():
     with xshare.Runtime(memory="256MiB", fuse=True) as rt:
         with pytest.raises(TypeError, match=r"explain\(\) takes the JobSpecs .* got 'j0'"):
             rt.explain("j0")
+
+
+_TRACED: list = []
+
+
+@xshare.job
+def _counted_step(state, batch):
+    _TRACED.append(id(state.tx))  # runs once per trace of a job's step: its own tx object
+    return ts_step.fn(state, batch)
+
+
+def test_a_job_no_family_program_covers_is_traced_once_to_be_matched_and_lowered():
+    # A study's second model shape: its trials arrive when a family program already exists, so a
+    # fused runtime traces each to match it (prepare._covering), finds no family that covers it,
+    # and lowers it in a second pass. That pass and the lowering reuse the first trace (before,
+    # such a trial's step ran three times: ~35 ms each for a digits trial, the GIL held).
+    with xshare.Runtime(policy="pack", fuse="always") as rt:
+        first = [_counted_step.bind(_state(31, optax.adam(lr)), _data, steps=10, name=f"w31-{i}")
+                 for i, lr in enumerate((1e-3, 3e-3, 1e-2))]
+        rt.submit_many(first)
+        rt.wait()
+        del _TRACED[:]
+        second = [_counted_step.bind(_state(33, optax.adam(lr)), _data, steps=10, name=f"w33-{i}")
+                  for i, lr in enumerate((2e-3, 5e-3, 2e-2))]
+        handles = rt.submit_many(second)
+        rt.wait()
+    assert sorted(_TRACED) == sorted(id(spec.state.tx) for spec in second), _TRACED
+    for h, spec in zip(handles, second):
+        assert _max_diff(h.result()[0].params, _plain(spec.state, 10).params) < TOL

@@ -20,7 +20,7 @@ from .observe import checkpoint
 from .engine import evaluation
 from .compiled import fusion, lifting
 from .causes import short_error
-from .compiled.compiler import PROGRAMS
+from .compiled.compiler import PROGRAMS, Traced
 from .compiled.payoff import FUSION
 from .config import COLD_COMPILE_S
 from .compiled.leaves import layout_of, promoted
@@ -52,13 +52,15 @@ class Preparation:
             self._dispatcher.post(self._dispatcher.compiled, job, prepared)
 
     def _prepare_program(self, job: JobRecord, opened: tuple | None = None, *,
-                         lower: bool = True) -> Any:
+                         lower: bool = True, traced: Traced | None = None) -> Any:
         """Restore a checkpoint, peek the first batch, key (and unless fused, compile) the
         job's own program. Nothing here writes the job's record (the dispatcher thread owns
         it): the result goes to the dispatcher as a ``Prepared`` event; None if the job already
         ended (its end is posted). ``opened``: what ``_open`` returned for it, if called already.
         With ``lower=False`` (a fused batch's first pass), a job its family's program does not
-        cover is not lowered yet: ``DEFER`` comes back."""
+        cover is not lowered yet: ``(DEFER, its trace)`` comes back, and the second pass hands
+        that trace back as ``traced`` (the step is traced once, not once a pass and again to
+        lower it: ~35 ms a digits trial, the GIL held)."""
         if opened is None:
             opened = self._open(job)
             if opened is None:
@@ -67,16 +69,17 @@ class Preparation:
         post = self._dispatcher.post
         try:
             _, batch_layout = layout_of(first)
-            covered = self._covering(spec, first) if self.config.fuse else None
+            covered, traced = self._covering(spec, first, traced) if self.config.fuse else (None, None)
             if covered is not None:
                 choice, promote = covered
                 program = choice.program
             elif not lower:
-                return DEFER
+                return DEFER, traced
             else:
                 # Fused: traced and keyed only (the group compiles its own vmapped program).
                 choice, program = None, PROGRAMS.get(spec.job, spec.state, first, device=self.device,
-                                                     fenced=self.fenced, compile=not self.config.fuse)
+                                                     fenced=self.fenced, compile=not self.config.fuse,
+                                                     traced=traced)
                 promote = program.promoted
             if promote:  # Python numbers the step changes are carried as arrays
                 spec = spec.replace(state=promoted(spec.state, promote))
@@ -126,22 +129,26 @@ class Preparation:
             return None
         return spec, restored, source, first
 
-    def _covering(self, spec: Any, first: Any) -> tuple[Choice, frozenset] | None:
+    def _covering(self, spec: Any, first: Any,
+                  traced: Traced | None = None) -> tuple[tuple[Choice, frozenset] | None, Traced | None]:
         """A fused runtime's shortcut for a job whose family already has a lifted program that
         covers it (a study's trials after its first wave): its step traced to a jaxpr only, and
         matched to that program (``Sweeps.covering``), without lowering and keying a literal
         program of its own that it would never run. Measured on the digits study (64 trials,
         2-core CPU): tracing and lowering each trial kept the compile pool busy ~10 s of a ~19 s
-        run, holding the GIL against the dispatcher; lowering is about half of it. None: the
-        full path (``PROGRAMS.get``, then ``Sweeps.assign``)."""
+        run, holding the GIL against the dispatcher; lowering is about half of it. Returns
+        ``((choice, promoted) or None, the trace or None)``: None, the full path
+        (``PROGRAMS.get`` with that trace, then ``Sweeps.assign``). ``traced``: the job's trace
+        from an earlier pass (matched again: a family program may have come since)."""
         if not self._sweeps.lifting():
-            return None
+            return None, traced
         try:
-            jaxpr, promote, names = PROGRAMS.trace(spec.job, spec.state, first, device=self.device)
-            choice = self._sweeps.covering(lifting.trace(jaxpr), names)
+            if traced is None:
+                traced = PROGRAMS.trace(spec.job, spec.state, first, device=self.device)
+            choice = self._sweeps.covering(lifting.trace(traced.jaxpr), traced.names)
         except Exception:  # noqa: BLE001 - the full path finds (and reports) what is wrong
-            return None
-        return None if choice is None else (choice, promote)
+            return None, None
+        return (None if choice is None else (choice, traced.promote)), traced
 
     def prepare_fused(self, jobs: list[JobRecord]) -> None:
         """On the compile pool, for jobs submitted together to a fused runtime: their programs
@@ -156,13 +163,13 @@ class Preparation:
         for job in jobs:
             opened = self._open(job)
             prep = None if opened is None else self._prepare_program(job, opened, lower=False)
-            if prep is DEFER:
-                deferred.append((job, opened))
+            if isinstance(prep, tuple) and prep[0] is DEFER:
+                deferred.append((job, opened, prep[1]))
             elif prep is not None and not self._ready(job, prep, fenced):
                 pairs.append((job, prep))
             # (else ended, or posted: a covered trial whose group program is compiled joins now)
-        for job, opened in deferred:
-            prep = self._prepare_program(job, opened)
+        for job, opened, traced in deferred:
+            prep = self._prepare_program(job, opened, traced=traced)
             if prep is not None:
                 pairs.append((job, prep))
         if not pairs:

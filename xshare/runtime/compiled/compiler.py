@@ -25,7 +25,7 @@ import threading
 import time
 import weakref
 from concurrent.futures import Future
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, NamedTuple, TypeVar
 
 import jax
 import numpy as np
@@ -39,6 +39,15 @@ from .program import (  # noqa: F401 - re-exported: the compiler's public names
 
 
 T = TypeVar("T")
+
+
+class Traced(NamedTuple):
+    """A step traced over carried arrays (``ProgramCache.trace``): its jaxpr, the state leaves
+    its trace promoted (Python numbers it changes), and its metrics' names."""
+
+    jaxpr: Any
+    promote: frozenset
+    names: tuple
 
 
 def _promoting(job: Any, state: Any, attempt: Callable[[frozenset], T],
@@ -98,34 +107,40 @@ class ProgramCache:
         self.hits = 0
 
     def get(self, job: Any, state: Any, batch: Any, *, device: Any, fenced: bool,
-            compile: bool = True) -> CompiledStep:
+            compile: bool = True, traced: Traced | None = None) -> CompiledStep:
         """The program of ``job`` on (``state``, ``batch``): compiled unless ``compile=False``
-        (then it is lowered and keyed, and compiles on first use)."""
-        program = self._get(job, state, batch, device=device, fenced=fenced)
+        (then it is lowered and keyed, and compiles on first use). ``traced``: what ``trace``
+        returned for these very arguments, so the step is not traced again."""
+        program = self._get(job, state, batch, device=device, fenced=fenced, traced=traced)
         return program.ensure() if compile else program
 
-    def _get(self, job: Any, state: Any, batch: Any, *, device: Any, fenced: bool) -> CompiledStep:
+    def _get(self, job: Any, state: Any, batch: Any, *, device: Any, fenced: bool,
+             traced: Traced | None = None) -> CompiledStep:
+        if traced is not None:  # (its promotions already settled by trace's own _promoting)
+            return self._get_layout(job, state, batch, traced.promote, device=device, fenced=fenced,
+                                    traced=traced)
         return _promoting(job, state, lambda promote: self._get_layout(
             job, state, batch, promote, device=device, fenced=fenced),
             lambda program: (program.jaxpr, program.state_layout))
 
-    def trace(self, job: Any, state: Any, batch: Any, *, device: Any) -> tuple[Any, frozenset, tuple]:
-        """``(jaxpr, promoted, metric names)`` of ``job``'s step over carried arrays: traced as
+    def trace(self, job: Any, state: Any, batch: Any, *, device: Any) -> Traced:
+        """``Traced(jaxpr, promoted, metric names)`` of ``job``'s step over carried arrays: traced as
         ``get`` traces it (Python numbers the step changes promoted to arrays), not lowered, not
         keyed, not cached. What a fused runtime needs to match a job to a family program that
-        already covers it (``sweeps.Sweeps.covering``) without paying for its own lowering."""
-        def attempt(promote: frozenset) -> tuple[Any, frozenset, tuple]:
+        already covers it (``sweeps.Sweeps.covering``) without paying for its own lowering; a
+        job it does not cover passes it to ``get``, which then lowers without tracing again."""
+        def attempt(promote: frozenset) -> Traced:
             state_arrays, state_layout = layout_of(state, promote)
             batch_arrays, batch_layout = layout_of(batch)
             names: list[tuple[str, ...]] = []
             flat = flat_step(job.fn, state_layout, batch_layout, names)
             jaxpr = trace_unfenced(flat, abstract(state_arrays, device), abstract(batch_arrays, device))
-            return jaxpr, promote, names[0]
+            return Traced(jaxpr, promote, names[0])
 
         return _promoting(job, state, attempt, lambda out: (out[0], layout_of(state, out[1])[1]))
 
     def _get_layout(self, job: Any, state: Any, batch: Any, promote: frozenset, *, device: Any,
-                    fenced: bool) -> CompiledStep:
+                    fenced: bool, traced: Traced | None = None) -> CompiledStep:
         state_arrays, state_layout = layout_of(state, promote)
         batch_arrays, batch_layout = layout_of(batch)
         state_struct, batch_struct = abstract(state_arrays, device), abstract(batch_arrays, device)
@@ -143,7 +158,7 @@ class ProgramCache:
             return fut.result()
         try:
             result = self._lower_and_compile(job, state_struct, batch_struct, state_layout,
-                                             batch_layout, device, fenced, promote)
+                                             batch_layout, device, fenced, promote, traced)
         except Promote as more:
             # Kept: the trace is decided by the memo key, so every later job of the step would
             # trace only to learn the same thing (a TrainState's ``step`` int: one wasted trace,
@@ -159,12 +174,16 @@ class ProgramCache:
         return result
 
     def _lower_and_compile(self, job: Any, state_struct: list, batch_struct: list, state_layout: Any,
-                           batch_layout: Any, device: Any, fenced: bool, promote: frozenset) -> CompiledStep:
+                           batch_layout: Any, device: Any, fenced: bool, promote: frozenset,
+                           traced: Traced | None = None) -> CompiledStep:
         names: list[tuple[str, ...]] = []
-        flat = flat_step(job.fn, state_layout, batch_layout, names)
-        # The user's step traced once; every program built on it from here (fenced, K-step,
-        # fused) replays its jaxpr rather than tracing the user's step again.
-        jaxpr = trace_unfenced(flat, state_struct, batch_struct)
+        if traced is not None:  # traced already (prepare._covering), on these very layouts
+            jaxpr, names = traced.jaxpr, [traced.names]
+        else:
+            flat = flat_step(job.fn, state_layout, batch_layout, names)
+            # The user's step traced once; every program built on it from here (fenced, K-step,
+            # fused) replays its jaxpr rather than tracing the user's step again.
+            jaxpr = trace_unfenced(flat, state_struct, batch_struct)
         replayed = replay(jaxpr, len(state_struct))
 
         def lower() -> Any:
