@@ -257,3 +257,42 @@ def test_xshare_tune_without_optuna_says_how_to_install_it():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert "ImportError: xshare.tune needs Optuna, which is not installed: pip install 'xshare[tune]'" in proc.stderr
+
+
+def test_a_running_trial_is_judged_again_by_what_completed_since_its_report():
+    """With trials side by side, a value is often judged while trials started before it still
+    run. When one completes, the driver asks the pruner again about each running trial's newest
+    value (as a study run one trial at a time would have judged it), and a trial pruned then
+    stops at its next report, its pruned step the judged one."""
+    from xshare.tune._driver import _Driver, _Running
+
+    study = optuna.create_study(direction="maximize", pruner=optuna.pruners.MedianPruner(n_startup_trials=1))
+    first = study.ask()
+    first.report(0.3, 10)
+    study.tell(first, 0.3)
+    good, late = study.ask(), study.ask()
+    good.report(0.8, 10)
+    late.report(0.3, 10)
+    assert not late.should_prune()  # against the first trial alone: 0.3 is the median
+    study.tell(good, 0.8)
+    driver = _Driver.__new__(_Driver)  # (only its running trials matter here)
+    driver.running = {late.number: _Running(late, "score", 5, budget=100, reported=10)}
+    driver.rejudge()
+    assert driver.running[late.number].stop and driver.running[late.number].pruned_at == 10
+    # A trial with no value yet, or whose value came at its last step, is left alone.
+    fresh = study.ask()
+    driver.running = {fresh.number: _Running(fresh, "score", 5, budget=100)}
+    driver.rejudge()
+    assert not driver.running[fresh.number].stop
+
+
+def test_the_driver_judges_its_running_trials_again_when_trials_end(monkeypatch):
+    from xshare.tune._driver import _Driver
+
+    calls = []
+    real = _Driver.rejudge
+    monkeypatch.setattr(_Driver, "rejudge", lambda self: (calls.append(len(self.running)), real(self))[1])
+    study = study_of()
+    xshare.tune.optimize(study, objective, 6, metric="eval/mse", concurrency=3, runtime={"memory": "64MiB"})
+    assert calls and len(study.trials) == 6
+    assert all(t.state in (TS.COMPLETE, TS.PRUNED, TS.FAIL) for t in study.trials)

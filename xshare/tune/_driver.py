@@ -40,6 +40,7 @@ class _Running:
     last: tuple[int, float] | None = None   # the newest value of the metric: (steps, value)
     stop: bool = False                   # the hook's answer: cancel at the next step boundary
     pruned_at: int | None = None
+    reported: int | None = None          # the step of its newest value told to the study
     missing: list[str] | None = None     # the metrics the job reports, when `metric` is not one
     undecided: int = 0                   # reports queued, not yet decided by the driver
     decided: threading.Event = field(default_factory=threading.Event)
@@ -124,11 +125,15 @@ class _Driver(_Teller):
                 return
             self.decide(block=True)
             self.signals.check()  # (a signal whose KeyboardInterrupt was swallowed: see below)
+            ended = False
             for number, r in list(self.running.items()):
                 if r.handle.status() in ("done", "failed", "cancelled"):
                     self.decide(block=False)  # its last reports were queued before it ended
                     del self.running[number]
                     self.finish(r)
+                    ended = True
+            if ended:
+                self.rejudge()
 
     def start_one(self) -> tuple[_Running, Any] | None:
         """Ask a trial and build its job (submitted by ``submit``); None: it ended already."""
@@ -201,6 +206,7 @@ class _Driver(_Teller):
     def _decide_one(self, r: _Running, step: int, value: float) -> None:
         if not r.stop:
             r.trial.report(value, step)
+            r.reported = step
             # The report after the last step is not judged: stopping then saves nothing.
             if (r.budget is None or step < r.budget) and r.trial.should_prune():
                 r.pruned_at, r.stop = step, True
@@ -208,6 +214,25 @@ class _Driver(_Teller):
             r.undecided -= 1
             if r.undecided == 0:
                 r.decided.set()
+
+    def rejudge(self) -> None:
+        """Trials ended: ask the pruner again about every running trial's newest reported value.
+
+        A pruner judges a value against the trials completed by then (MedianPruner: their
+        median at that step). One trial at a time, every earlier trial has ended when a value is
+        reported; with trials running side by side, a value is often judged while the trials
+        started before it still run, against fewer completed ones, and a trial kept then runs
+        on to its next report unjudged by what completed in between. Asking again when a trial
+        ends judges it by what the study knows now, as ``should_prune`` may be asked at any
+        time. A trial pruned here stops at its next report. (On the digits study at concurrency 8,
+        which trains ~35% more steps than one trial at a time, the effect is within run-to-run
+        noise: most of those steps are trials of one wave, which complete together and so
+        cannot judge each other; it prunes where trials end at different times.)"""
+        for r in self.running.values():
+            if r.stop or r.reported is None or (r.budget is not None and r.reported >= r.budget):
+                continue
+            if r.trial.should_prune():
+                r.pruned_at, r.stop = r.reported, True
 
     def finish(self, r: _Running) -> None:
         h = r.handle
