@@ -7,7 +7,8 @@ each in a fresh process with a fresh compilation cache (every compile paid, as a
   * pack: ``Runtime(policy="pack")``, unfused;
   * always: ``Runtime(policy="pack", fuse="always")``: every group opens and stays;
   * measured: ``Runtime(policy="pack", fuse=True)`` with nothing known: the group opens, is
-    measured once (its solo program compiles in the background), and dissolves if it loses;
+    measured once (its solo program compiles in the background), and dissolves if it loses
+    (on a CPU a convolving program opens none even unmeasured: ``payoff.unmeasured``);
   * known: the same with the verdict the previous ``measured`` run left (its
     ``fusion-verdicts.json`` copied into the fresh cache): a losing program opens no group.
 

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import time
 
+import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 import xshare
@@ -14,6 +17,7 @@ from tests.helpers import assert_trees_equal, linreg_data, linreg_state, linreg_
 from xshare.runtime.compiled import payoff
 from xshare.runtime.compiled.compiler import PROGRAMS
 from xshare.runtime.compiled.payoff import FUSION, FusionVerdict, FusionVerdicts
+from xshare.runtime.compiled.program import primitives
 from xshare.runtime.engine import fusecheck
 
 LOSES = FusionVerdict(capacity=4, solo_step_s=50e-6, fused_step_s=400e-6)   # 100 us a member
@@ -189,3 +193,76 @@ def test_a_short_group_is_not_measured_a_long_or_open_ended_one_is():
     assert not fusecheck._worth(compile_s, group(392, 0.8e-3))   # the hook's 8 x 400: ~0.3 s left
     assert fusecheck._worth(compile_s, group(2992, 0.8e-3))      # 8 x 3000: ~2.4 s left
     assert fusecheck._worth(compile_s, group(None, 1e-6))        # runs until its data ends
+
+
+# --------------------------------------------------------------- convolutions on a CPU
+
+
+def test_a_convolving_program_nothing_measured_is_not_fused_on_a_cpu_and_a_verdict_still_decides():
+    why = payoff.unmeasured("cpu", True)
+    assert why is not None and "grouped convolutions" in why and "fuse='always'" in why
+    assert payoff.unmeasured("gpu", True) is None and payoff.unmeasured("cpu", False) is None
+    fresh = FusionVerdicts()
+    assert fresh.weigh("k", 4, 4, None, 0.0, prior=why) == why  # nothing measured: the prior
+    fresh.put("k", PAYS)
+    assert fresh.weigh("k", 4, 4, None, 0.0, prior=why) is None  # measured to pay: it opens
+
+
+class _Conv(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        x = nn.relu(nn.Conv(4, (3, 3))(x))
+        return nn.Dense(3)(x.reshape((x.shape[0], -1)))
+
+
+def _conv_specs(n, steps=12):
+    net = _Conv()
+
+    @xshare.job
+    def step(state, batch):
+        def loss(p):
+            logits = net.apply(p, batch["x"])
+            return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
+        value, grads = jax.value_and_grad(loss)(state["params"])
+        params = jax.tree.map(lambda p, g: p - state["lr"] * g, state["params"], grads)
+        return {"params": params, "lr": state["lr"]}, {"loss": value}
+
+    def data(k):
+        rng = np.random.default_rng(k)
+        return {"x": rng.normal(size=(8, 6, 6, 2)).astype(np.float32), "y": rng.integers(0, 3, 8).astype(np.int32)}
+
+    return [step.bind({"params": net.init(jax.random.key(i), np.zeros((1, 6, 6, 2), np.float32)),
+                       "lr": np.float32(0.01 * (i + 1))}, data, steps=steps, name=f"c{i}") for i in range(n)]
+
+
+def test_a_cnn_sweep_runs_alone_on_a_cpu_from_its_first_run_and_explain_says_why(verdicts, tmp_path):
+    specs = _conv_specs(3)
+    assert PROGRAMS.get(specs[0].job, specs[0].state, specs[0].data(0), device=jax.devices()[0],
+                        fenced=False, compile=False).convolves
+    with xshare.Runtime(policy="pack", memory="256MiB", fuse=True, log_dir=tmp_path) as rt:
+        plan = rt.explain(specs)
+        handles = rt.submit_many(specs)
+        rt.wait()
+        snap = rt.snapshot()
+    assert plan.groups == [] and set(plan.alone) == {"c0", "c1", "c2"}
+    assert plan.alone["c0"].startswith("fusing would not pay for this program on a CPU")
+    assert snap["runtime"]["fused_member_steps"] == 0
+    for spec, h in zip(specs, handles):
+        assert_trees_equal(h.result()[0], plain_loop(spec)[0])  # alone: exactly the plain jit loop
+    assert "runs alone: fusing would not pay for this program on a CPU" in (tmp_path / "c0" / "log.txt").read_text()
+    with xshare.Runtime(policy="pack", memory="256MiB", fuse="always") as rt:  # the user's word
+        rt.submit_many(_conv_specs(3))
+        rt.wait()
+        assert rt.snapshot()["runtime"]["fused_member_steps"] == 3 * 12
+
+
+def test_a_convolution_is_found_inside_an_inner_jaxpr():
+    def conv(x, w):
+        return jax.lax.conv_general_dilated(x, w, (1, 1), "SAME")
+
+    def scanned(xs, w):
+        return jax.lax.scan(lambda c, x: (c + conv(x, w).sum(), None), 0.0, xs)[0]
+
+    w = jnp.ones((2, 2, 3, 3))
+    assert "conv_general_dilated" in primitives(jax.make_jaxpr(scanned)(jnp.ones((4, 1, 2, 5, 5)), w))
+    assert "conv_general_dilated" not in primitives(jax.make_jaxpr(lambda x: x @ x)(jnp.ones((3, 3))))

@@ -21,7 +21,7 @@ from .engine import evaluation
 from .compiled import fusion, lifting
 from .causes import short_error
 from .compiled.compiler import PROGRAMS, Traced
-from .compiled.payoff import FUSION
+from .compiled.payoff import FUSION, unmeasured
 from .config import COLD_COMPILE_S
 from .compiled.leaves import layout_of, promoted
 from .engine.groups import GROUP_COMPILING
@@ -294,7 +294,8 @@ class Preparation:
             lefts = [job.steps_left for job, _ in items]
             compile_s = 0.0 if fusion.loads(program, capacity, self.device, fenced=fenced, **self.config.staging) \
                 else max(PROGRAMS.slowest_compile_s, COLD_COMPILE_S)
-            reason = FUSION.weigh(key, capacity, len(items), None if None in lefts else sum(lefts), compile_s)
+            reason = FUSION.weigh(key, capacity, len(items), None if None in lefts else sum(lefts), compile_s,
+                                  prior=unmeasured(self.device.platform, program.convolves))
             if reason is not None:
                 out[key] = reason
         return out

@@ -23,6 +23,7 @@ S = JobState
 @dataclass(frozen=True)
 class Program:
     key: str
+    convolves: bool = False
 
 
 @dataclass(frozen=True)
@@ -36,8 +37,9 @@ class Fused:
 class Device:
     """Group programs cost 1 MiB per slot; a group's "stack" is a list of per-slot leaves."""
 
-    def __init__(self) -> None:
+    def __init__(self, platform: str = "cpu") -> None:
         self.compiled: list[tuple[str, int]] = []
+        self.platform = platform
 
     def program(self, program: Program, capacity: int) -> Fused:
         self.compiled.append((program.key, capacity))
@@ -64,15 +66,16 @@ class Layout:
         return list(state)
 
 
-def fused_job(name: str, key: str = "mlp", *, hint: int = 1, mib: int = 1, steps: int | None = 10) -> Any:
+def fused_job(name: str, key: str = "mlp", *, hint: int = 1, mib: int = 1, steps: int | None = 10,
+              convolves: bool = False) -> Any:
     j = fakes.job(name, mib=mib, steps=steps)
-    j.program, j.fuse_hint, j.layout = Program(key), hint, Layout()
+    j.program, j.fuse_hint, j.layout = Program(key, convolves), hint, Layout()
     j.spec = j.spec.replace(state=[f"{name}-state"])
     return j
 
 
-def grouped(capacity_mib: float = 64, floor: int | None = None) -> tuple[Parts, Groups, Device]:
-    parts, device = Parts(capacity_mib), Device()
+def grouped(capacity_mib: float = 64, floor: int | None = None, platform: str = "cpu") -> tuple[Parts, Groups, Device]:
+    parts, device = Parts(capacity_mib), Device(platform)
     drains = []
     groups = Groups(parts.units, parts.arena, parts.admission, parts.recorder, device, floor=floor,
                     ids=itertools.count(1000), timeline=fakes.Timeline(), drain=lambda: drains.append(1))
@@ -93,6 +96,19 @@ def test_jobs_submitted_together_open_one_group_with_room_for_all_and_one_reserv
     assert parts.ledger() == {g.id} and set(parts.units.running) == {g.id}  # the group is the unit
     assert device.compiled == [("mlp", 4)]
     assert "joined group-0 (slot 0 of 4" in parts.recorder.said("a")[0]
+
+
+def test_a_convolving_program_nothing_measured_opens_no_group_on_a_cpu_and_is_measured_elsewhere():
+    # On a CPU its vmapped convolutions would be grouped ones, which XLA:CPU runs at about the
+    # members' count times each member's cost (payoff.unmeasured): its jobs run alone. On
+    # another platform the group opens, to be measured.
+    parts, groups, device = grouped()
+    jobs = [fused_job(n, "cnn", hint=3, convolves=True) for n in "abc"]
+    parts.submit(*jobs)
+    assert groups.all() == [] and device.compiled == [] and all(j.state is S.RUNNING for j in jobs)
+    parts, groups, device = grouped(platform="gpu")
+    parts.submit(*[fused_job(n, "cnn", hint=3, convolves=True) for n in "abc"])
+    assert len(groups.all()) == 1 and device.compiled == [("cnn", 4)]
 
 
 def test_there_is_no_group_of_one_a_lone_job_runs_alone():

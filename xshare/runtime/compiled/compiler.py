@@ -253,6 +253,7 @@ class ProgramCache:
                                   batch_layout=ref.batch_layout, fenced=ref.fenced, flat=flat,
                                   lowered=lower, on_compile=self._count, device=device)
             result.jaxpr, result.host_callback, result.promoted = None, False, ref.promoted
+            result._convolves = ref.convolves  # (it computes what ref does: payoff.unmeasured)
         except BaseException as err:
             with self._lock:
                 del self._programs[key]

@@ -96,14 +96,15 @@ class FusionVerdicts:
         self._table.clear()
 
     def weigh(self, program_key: str, capacity: int, members: int, member_steps_left: int | None,
-              compile_s: float) -> str | None:
+              compile_s: float, prior: str | None = None) -> str | None:
         """Why a group of ``members`` jobs at ``capacity`` slots should not open, or None to open
-        it (no verdict yet: it opens, and is measured). ``member_steps_left``: the members' steps
-        left, summed (None: open-ended); ``compile_s``: what its program costs to compile (0 if
-        compiled)."""
+        it (no verdict yet: it opens, and is measured, unless ``prior``, ``unmeasured``'s
+        reason, says it loses on this platform before any measurement). ``member_steps_left``:
+        the members' steps left, summed (None: open-ended); ``compile_s``: what its program
+        costs to compile (0 if compiled)."""
         verdict = self.judged(program_key, capacity)
         if verdict is None:
-            return None
+            return prior
         if not verdict.pays(members):
             return verdict.why_not(members)
         if member_steps_left is not None and not fusion_pays(member_steps_left, verdict.solo_step_s,
@@ -112,6 +113,23 @@ class FusionVerdicts:
             return (f"fusing would not repay its program's compile: {member_steps_left} member steps "
                     f"left save {saved:.2f} s against a {compile_s:.2f} s compile")
         return None
+
+
+def unmeasured(platform: str, convolves: bool) -> str | None:
+    """Why a program whose fusion nothing has measured yet should not open a group anyway, or
+    None (it opens, and is measured). On a CPU a step that convolves: vmapped, each convolution
+    becomes a grouped one (``feature_group_count`` = members), which XLA:CPU computes at about
+    the members' count times one member's cost. Measured on this project's CPU, a 3x3, 16-channel
+    convolution's gradient on 32 16x16 images costs 3.4 ms a member alone, 5.8 ms a member fused
+    4 ways and 10.2 ms 8 ways; the 2-block ResNet sweep ran at 0.30x of its unfused runtime fused
+    (benchmarks/RESULTS.md). Opening such a group to measure it costs the first run its compile
+    and its slower steps (0.75x). A verdict this machine measured before still decides
+    (``weigh``); ``fuse="always"`` fuses such a program anyway, unmeasured."""
+    if platform == "cpu" and convolves:
+        return ("fusing would not pay for this program on a CPU: vmapped, its convolutions become grouped "
+                "convolutions, which XLA:CPU runs at about the members' count times each member's own cost "
+                "(fuse='always' fuses it anyway)")
+    return None
 
 
 # A program's K-step verdicts by key (``multistep.VERDICTS.of``): multistep sets it when it is

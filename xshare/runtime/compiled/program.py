@@ -56,6 +56,15 @@ class CompiledStep:
         self.promoted: frozenset = frozenset()  # Python-number state leaves carried as arrays
         self.host_callback = False          # whether it calls back into Python
         self._traced: Any = None
+        self._convolves: bool | None = None
+
+    @property
+    def convolves(self) -> bool:
+        """Whether its step convolves (a ``conv_general_dilated`` anywhere in its jaxpr): its
+        vmapped form then convolves grouped (``payoff.unmeasured``)."""
+        if self._convolves is None:
+            self._convolves = self.jaxpr is not None and "conv_general_dilated" in primitives(self.jaxpr)
+        return self._convolves
 
     def traced(self) -> Any:
         """This program's jaxpr read by ``lifting.trace`` (skeleton and constant sites), once."""
@@ -245,6 +254,23 @@ def _digest_values(digest: Any, closed: Any) -> None:
     for c in closed.consts:
         value(c)
     walk(closed.jaxpr)
+
+
+def primitives(closed: Any) -> set[str]:
+    """The names of the primitives ``closed`` (a ClosedJaxpr) binds, inner jaxprs' included."""
+    names: set[str] = set()
+
+    def walk(jaxpr: Any) -> None:
+        for eqn in jaxpr.eqns:
+            names.add(eqn.primitive.name)
+            for value in eqn.params.values():
+                for sub in value if isinstance(value, (tuple, list)) else (value,):
+                    inner = getattr(sub, "jaxpr", sub)  # (a ClosedJaxpr's, or a Jaxpr itself)
+                    if hasattr(inner, "eqns"):
+                        walk(inner)
+
+    walk(closed.jaxpr)
+    return names
 
 
 def trace_unfenced(flat: Callable, state_struct: list, batch_struct: list) -> Any:

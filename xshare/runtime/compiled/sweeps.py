@@ -24,7 +24,7 @@ from ...sched.capacity import open_capacity
 from ..config import COLD_COMPILE_S
 from .compiler import PROGRAMS, CompiledStep
 from .lifting import NotLiftable
-from .payoff import FUSION
+from .payoff import FUSION, unmeasured
 
 
 @dataclass
@@ -191,14 +191,17 @@ def explain(specs: list, device: Any = None, *, fenced: bool = False) -> FusionP
     for (name, _, _), choice in zip(named, choices):
         by_key.setdefault(choice.program.key, []).append(name)
     steps = {spec.name: (None if spec.steps is None else spec.steps - spec.start_step) for spec in specs}
+    programs = {choice.program.key: choice.program for choice in choices}
     for key, names in list(by_key.items()):
         # Fusion only where it pays (payoff.py): a program measured to lose fused, or whose
-        # group compile these jobs' steps would not repay, runs them alone, as the runtime would.
+        # group compile these jobs' steps would not repay, or that nothing measured and that is
+        # known to lose on this platform, runs them alone, as the runtime would.
         lefts = [steps[n] for n in names]
         known = [x for x in lefts if x is not None]
         reason = None if len(names) < 2 else FUSION.weigh(
             key, open_capacity(len(names)), len(names), sum(known) if len(known) == len(lefts) else None,
-            max(PROGRAMS.slowest_compile_s, COLD_COMPILE_S))
+            max(PROGRAMS.slowest_compile_s, COLD_COMPILE_S),
+            prior=unmeasured(device.platform, programs[key].convolves))
         if reason is not None:
             alone.update({n: reason for n in names})
             del by_key[key]

@@ -21,6 +21,7 @@ class GroupDevice:
 
     def __init__(self, device: Any, ring: int | None, staging: dict[str, int]):
         self.device, self.ring, self.staging = device, ring, staging
+        self.platform: str = device.platform
 
     def program(self, program: Any, capacity: int) -> Any:
         """The vmapped program of ``program`` at ``capacity`` slots (compiled once per process)."""

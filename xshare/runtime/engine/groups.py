@@ -19,7 +19,7 @@ from typing import Any, Callable, Protocol
 from ...memory import Admitted
 from ...sched.capacity import open_capacity, opens_alone, shrink_pays, shrink_target
 from ..causes import short_error
-from ..compiled.payoff import FUSION
+from ..compiled.payoff import FUSION, unmeasured
 from .admission import Admission
 from .group import Group
 from .states import JobState
@@ -34,6 +34,8 @@ GROUP_COMPILING = "its group's program is compiling: it steps alone on its own p
 
 class GroupDevice(Protocol):
     """The device effects of groups (``group_device.GroupDevice``)."""
+
+    platform: str  # the device's (what fusing costs there: payoff.unmeasured)
 
     def program(self, program: Any, capacity: int) -> Any: ...
 
@@ -87,6 +89,8 @@ class Groups:
             verdict = FUSION.judged(key, capacity) if self.measured else None
             if verdict is not None and not verdict.pays(job.fuse_hint + len(solos)):
                 return False  # measured: a fused step costs its members more than their own
+            if verdict is None and self.measured and unmeasured(self.device.platform, job.program.convolves):
+                return False  # not measured, and known to lose on this platform (payoff.unmeasured)
             group = self._open(job.program, capacity)
         if group is None:
             return False
@@ -124,7 +128,8 @@ class Groups:
         capacity = open_capacity(len(movers), self.floor)
         lefts = [job.steps_left for job in movers]
         reason = FUSION.weigh(program.key, capacity, len(movers), None if None in lefts else sum(lefts),
-                              0.0) if self.measured else None
+                              0.0, prior=unmeasured(self.device.platform, program.convolves)
+                              ) if self.measured else None
         if reason is not None:
             for job in movers:
                 job.unfused = reason
