@@ -32,7 +32,12 @@ from .compiled.sweeps import Choice
 
 log = logging.getLogger("xshare.runtime")
 
-DEFER = object()  # _prepare_program(lower=False): not covered, to be lowered in a second pass
+@dataclasses.dataclass(frozen=True)
+class Deferred:
+    """``_prepare_program(lower=False)``'s answer for a job its family's program does not cover:
+    to be lowered in a second pass, from this trace of its step (None: not traced yet)."""
+
+    traced: Traced | None
 
 
 class Preparation:
@@ -58,8 +63,8 @@ class Preparation:
         it): the result goes to the dispatcher as a ``Prepared`` event; None if the job already
         ended (its end is posted). ``opened``: what ``_open`` returned for it, if called already.
         With ``lower=False`` (a fused batch's first pass), a job its family's program does not
-        cover is not lowered yet: ``(DEFER, its trace)`` comes back, and the second pass hands
-        that trace back as ``traced`` (the step is traced once, not once a pass and again to
+        cover is not lowered yet: a ``Deferred`` holding its trace comes back, and the second
+        pass hands that trace back as ``traced`` (the step is traced once, not once a pass and again to
         lower it: ~35 ms a digits trial, the GIL held)."""
         if opened is None:
             opened = self._open(job)
@@ -74,7 +79,7 @@ class Preparation:
                 choice, promote = covered
                 program = choice.program
             elif not lower:
-                return DEFER, traced
+                return Deferred(traced)
             else:
                 # Fused: traced and keyed only (the group compiles its own vmapped program).
                 choice, program = None, PROGRAMS.get(spec.job, spec.state, first, device=self.device,
@@ -163,8 +168,8 @@ class Preparation:
         for job in jobs:
             opened = self._open(job)
             prep = None if opened is None else self._prepare_program(job, opened, lower=False)
-            if isinstance(prep, tuple) and prep[0] is DEFER:
-                deferred.append((job, opened, prep[1]))
+            if isinstance(prep, Deferred):
+                deferred.append((job, opened, prep.traced))
             elif prep is not None and not self._ready(job, prep, fenced):
                 pairs.append((job, prep))
             # (else ended, or posted: a covered trial whose group program is compiled joins now)

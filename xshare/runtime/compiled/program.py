@@ -13,7 +13,7 @@ import math
 import re
 import threading
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import jax
 import numpy as np
@@ -224,7 +224,7 @@ def jaxpr_identity(closed: Any) -> str | None:
 def _digest_values(digest: Any, closed: Any) -> None:
     """Every constant's and literal's dtype, shape and bytes, in one deterministic walk (a jaxpr's
     text elides array values)."""
-    from jax.extend.core import ClosedJaxpr, Jaxpr, Literal
+    from jax.extend.core import ClosedJaxpr, Literal
 
     def value(x: Any) -> None:
         if jax.dtypes.issubdtype(getattr(x, "dtype", None), jax.dtypes.extended):
@@ -238,15 +238,13 @@ def _digest_values(digest: Any, closed: Any) -> None:
             for v in eqn.invars:
                 if isinstance(v, Literal):
                     value(v.val)
-            for key in sorted(eqn.params):
-                param = eqn.params[key]
-                for sub in (param if isinstance(param, (tuple, list)) else (param,)):
-                    if isinstance(sub, ClosedJaxpr):
-                        for c in sub.consts:
-                            value(c)
-                        walk(sub.jaxpr)
-                    elif isinstance(sub, Jaxpr):
-                        walk(sub)
+            for sub in inner_jaxprs(eqn):
+                if isinstance(sub, ClosedJaxpr):
+                    for c in sub.consts:
+                        value(c)
+                    walk(sub.jaxpr)
+                else:
+                    walk(sub)
         for v in jaxpr.outvars:
             if isinstance(v, Literal):
                 value(v.val)
@@ -256,6 +254,18 @@ def _digest_values(digest: Any, closed: Any) -> None:
     walk(closed.jaxpr)
 
 
+def inner_jaxprs(eqn: Any) -> Iterator[Any]:
+    """The jaxprs ``eqn`` holds in its parameters (ClosedJaxprs or Jaxprs: a scan's body, a
+    cond's branches, a pjit's callee), in the order of its sorted parameter names."""
+    from jax.extend.core import ClosedJaxpr, Jaxpr
+
+    for key in sorted(eqn.params):
+        param = eqn.params[key]
+        for sub in (param if isinstance(param, (tuple, list)) else (param,)):
+            if isinstance(sub, (ClosedJaxpr, Jaxpr)):
+                yield sub
+
+
 def primitives(closed: Any) -> set[str]:
     """The names of the primitives ``closed`` (a ClosedJaxpr) binds, inner jaxprs' included."""
     names: set[str] = set()
@@ -263,11 +273,8 @@ def primitives(closed: Any) -> set[str]:
     def walk(jaxpr: Any) -> None:
         for eqn in jaxpr.eqns:
             names.add(eqn.primitive.name)
-            for value in eqn.params.values():
-                for sub in value if isinstance(value, (tuple, list)) else (value,):
-                    inner = getattr(sub, "jaxpr", sub)  # (a ClosedJaxpr's, or a Jaxpr itself)
-                    if hasattr(inner, "eqns"):
-                        walk(inner)
+            for sub in inner_jaxprs(eqn):
+                walk(getattr(sub, "jaxpr", sub))  # (a ClosedJaxpr's jaxpr, or the Jaxpr itself)
 
     walk(closed.jaxpr)
     return names

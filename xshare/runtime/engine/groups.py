@@ -86,11 +86,11 @@ class Groups:
             if not opens_alone(job.fuse_hint, len(solos), job.shared, self.floor):
                 return False
             capacity = open_capacity(job.fuse_hint + len(solos), self.floor)
-            verdict = FUSION.judged(key, capacity) if self.measured else None
-            if verdict is not None and not verdict.pays(job.fuse_hint + len(solos)):
-                return False  # measured: a fused step costs its members more than their own
-            if verdict is None and self.measured and unmeasured(self.device.platform, job.program.convolves):
-                return False  # not measured, and known to lose on this platform (payoff.unmeasured)
+            # Measured to cost its members more fused than alone, or never measured and known
+            # to lose on this platform (payoff.unmeasured): they run alone.
+            if self.measured and FUSION.weigh(key, capacity, job.fuse_hint + len(solos), None, 0.0,
+                                              prior=unmeasured(self.device.platform, job.program.convolves)):
+                return False
             group = self._open(job.program, capacity)
         if group is None:
             return False
