@@ -175,11 +175,34 @@ def test_control_refusals_change_nothing(served: Served):
     assert served.cli("ctl", "cancel", victim).returncode == 0
 
 
+# A data-bound job: the tiny MLP with each batch ready only after a pause, as a job reading its
+# data from a slow disk is. Its run lasts seconds however fast the machine computes, so the
+# SIGTERM below lands mid-run by construction. (An unpaced 10,000-step job once finished all its
+# steps between the test seeing step 100 and its signal: multi-step calls run it at ~10 us a step.)
+PACED = """
+import dataclasses, time
+from xshare.models import mlp
+
+class Paced:
+    def __init__(self, data, seconds):
+        self.data, self.seconds = data, seconds
+
+    def __call__(self, step):
+        time.sleep(self.seconds)
+        return self.data(step)
+
+def make_job(lr=1e-3, width=16, batch=8, steps=200):
+    spec = mlp.make_job(lr=lr, width=width, batch=batch, steps=steps)
+    return dataclasses.replace(spec, data=Paced(spec.data, 0.0015))
+"""
+
+
 def test_sigterm_checkpoints_exits_0_and_resume_finishes(tmp_path):
-    steps = 10_000  # long enough that SIGTERM lands mid-run on a fast machine
+    steps = 3_000  # ~4.5 s of paced batches; the signal comes ~0.2 s after step 100
+    (tmp_path / "paced_mlp.py").write_text(PACED)  # the service's cwd: importable by it
     first = Served(tmp_path)
     try:
-        r = first.cli("submit", "xshare.models.mlp:make_job", "--set", "width=16", "--set", "batch=8",
+        r = first.cli("submit", "paced_mlp:make_job", "--set", "width=16", "--set", "batch=8",
                       "--set", "lr=3e-3", "--steps", str(steps))
         assert r.returncode == 0, r.stderr
         name = r.stdout.strip()
@@ -189,6 +212,7 @@ def test_sigterm_checkpoints_exits_0_and_resume_finishes(tmp_path):
         first.stop()
     assert rc == 0, err
     assert "Traceback" not in err and "BrokenPipe" not in err, err
+    # The reference: the same MLP and batches, unpaced (pacing changes when a batch comes, not what)
     req = JobRequest("xshare.models.mlp:make_job", {**TINY, "lr": 3e-3}, steps=steps, name=name)
     spec = req.build(name)
     saved = checkpoint.load(checkpoint.path_for(first.run_dir, name), spec.state, job=name)
