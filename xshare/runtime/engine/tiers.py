@@ -146,8 +146,15 @@ class Tiers:
         # It is not measurable before the program exists (the fences' gap sees only the Python
         # between calls: ~9 us of a measured 115 us saving for a small MLP), so it is what the
         # forms checked so far measured (Verdicts.typical_call_s), never more than most of the step.
+        # A unit whose own measured gap is larger than that (the host's Python per call, which a
+        # K-step call pays once for K steps) expects at least its gap: a fused group's call does
+        # per-member work a solo call does not (the hook's 8-slot group: a 100 us gap, a K=16 form
+        # that saved 112 us a step, where the solo forms kept here saved 45). Weighed by the solo
+        # forms' figure alone, the group's K=16 form never compiled, by any run: the hook's fused
+        # 8 x 3000 stayed at 2.35x the plain loop from an empty cache, 3.2-3.5x once compiled.
+        call_s = max(multistep.VERDICTS.typical_call_s(), c.gap_s or 0.0)
         now = c.step_s + (c.gap_s or 0.0)
-        after = now - min(multistep.VERDICTS.typical_call_s() * (1 - 1 / form.k), 0.9 * now)
+        after = now - min(call_s * (1 - 1 / form.k), 0.9 * now)
         estimate = (self._compile_estimate() or 0.5) * (_UNROLLED_FACTOR if form.unroll else _ROLLED_FACTOR)
         # The form is kept for later runs of the program on this machine: the steps its earlier
         # runs here lead us to expect of them count too (compiled/history.py).
