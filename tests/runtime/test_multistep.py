@@ -376,7 +376,8 @@ def test_a_program_that_ran_here_before_weighs_its_k_step_compile_against_its_la
     assert reread.get("k") == history.Runs(6, 18500)  # kept beside the compilation cache
 
 
-def test_a_unit_whose_measured_host_gap_exceeds_the_kept_forms_call_cost_expects_to_save_its_gap(monkeypatch, tmp_path):
+def test_a_fused_group_whose_measured_host_gap_exceeds_the_kept_forms_call_cost_expects_to_save_its_gap(
+        monkeypatch, tmp_path):
     """The hook's fused group of 8: a ~100 us host gap a call where the solo forms kept here
     saved ~45 us a step. Weighed by the solo figure its K=16 form never repaid its compile, by
     any run; weighed by its own gap it compiles (and its check then times it, as any form's)."""
@@ -392,10 +393,10 @@ def test_a_unit_whose_measured_host_gap_exceeds_the_kept_forms_call_cost_expects
     table.persist(str(tmp_path))
     monkeypatch.setattr(tiers_module, "HISTORY", table)
 
-    def weigh(gap_s: float | None) -> JobTier:
+    def weigh(gap_s: float | None, group: bool = True) -> JobTier:
         # 200 us a group step on the device; 3000 steps left; a 0.75 s compile (0.5 s x 1.5 rolled)
-        c = Candidate(key=f"g{gap_s}", compile=lambda f: None, steps_done=32, step_s=200e-6, steps_left=3000,
-                      gap_s=gap_s, period=None)
+        c = Candidate(key=f"g{gap_s}{group}", compile=lambda f: None, steps_done=32, step_s=200e-6,
+                      steps_left=3000, gap_s=gap_s, period=None, group=group)
         tier = JobTier()
         Tiers(device=None, submit=lambda fn: Future(), max_k=32, compile_estimate=lambda: 0.5).consider(tier, c)
         return tier
@@ -404,6 +405,9 @@ def test_a_unit_whose_measured_host_gap_exceeds_the_kept_forms_call_cost_expects
     assert small.form is None and "would save ~42 us/step" in small.note
     group = weigh(400e-6)  # its own 400 us gap: ~375 us a step x 3000, ~1.1 s
     assert group.form == FORMS[0] and "compiling" in group.note and "~375 us/step" in group.note
+    # A solo job's gap over the kept figure is a compile beside it holding the GIL: not counted
+    solo = weigh(400e-6, group=False)
+    assert solo.form is None and "would save ~42 us/step" in solo.note
 
 
 def test_under_srtf_a_kept_form_is_capped_by_its_own_step_time_not_by_one_step_per_calls(monkeypatch):

@@ -292,7 +292,7 @@ class GroupCalls:
             steps_done=group.steps_run, step_s=typical_step_s(group),
             steps_left=None if any(x is None for x in lefts) else max(lefts),
             gap_s=group.host_gap_s if group.host_gap_s is not None else self.timeline.host_gap_s,
-            period=min(periods) if periods else None))
+            period=min(periods) if periods else None, group=True))
 
     def promote(self, group: Group, li: int, pos: int) -> bool:
         multi = self.tiers.take(group)

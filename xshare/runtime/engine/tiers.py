@@ -52,6 +52,9 @@ class Candidate:
     # Its K-step program in a form if this process built it already (another unit of the
     # program did), else None: then it is taken at once, not compiled on the pool again.
     built: Callable[[Form], Any] | None = None
+    # A fused group's: its call's host work grows with its members, so its own measured gap is a
+    # floor on what a K-step call saves it (``Tiers.consider``).
+    group: bool = False
 
 
 @dataclass(eq=False)
@@ -146,13 +149,17 @@ class Tiers:
         # It is not measurable before the program exists (the fences' gap sees only the Python
         # between calls: ~9 us of a measured 115 us saving for a small MLP), so it is what the
         # forms checked so far measured (Verdicts.typical_call_s), never more than most of the step.
-        # A unit whose own measured gap is larger than that (the host's Python per call, which a
-        # K-step call pays once for K steps) expects at least its gap: a fused group's call does
-        # per-member work a solo call does not (the hook's 8-slot group: a 100 us gap, a K=16 form
-        # that saved 112 us a step, where the solo forms kept here saved 45). Weighed by the solo
-        # forms' figure alone, the group's K=16 form never compiled, by any run: the hook's fused
-        # 8 x 3000 stayed at 2.35x the plain loop from an empty cache, 3.2-3.5x once compiled.
-        call_s = max(multistep.VERDICTS.typical_call_s(), c.gap_s or 0.0)
+        # A fused group expects at least its own measured gap (the host's work per call, which a
+        # K-step call pays once for K steps): its call does per-member work a solo call does not
+        # (the hook's 8-slot group: a 100 us gap, a K=16 form that saved 112 us a step, where the
+        # solo forms kept here saved 45). Weighed by the solo forms' figure alone, the group's
+        # K=16 form never compiled, by any run: the hook's fused 8 x 3000 stayed at 2.35x the
+        # plain loop from an empty cache, 3.2-3.5x once compiled. Not a solo job's: its gap is
+        # under the kept forms' figure when the host is quiet, and over it only when a compile
+        # beside it holds the GIL (1 ms a step seen), which would start compiles that do not pay.
+        call_s = multistep.VERDICTS.typical_call_s()
+        if c.group:
+            call_s = max(call_s, c.gap_s or 0.0)
         now = c.step_s + (c.gap_s or 0.0)
         after = now - min(call_s * (1 - 1 / form.k), 0.9 * now)
         estimate = (self._compile_estimate() or 0.5) * (_UNROLLED_FACTOR if form.unroll else _ROLLED_FACTOR)
