@@ -25,7 +25,8 @@ SCRIPTS = [("switch_latency", [], "switch_latency"), ("fence_overhead", [], "fen
            ("jct_trace", [], "jct_trace"), ("footprint_accuracy", [], "footprint_accuracy"),
            ("fusion", [], "fusion"), ("fusion", ["--sweep", "naive"], "fusion_naive"),
            ("relaunch", [], "relaunch"), ("scale", [], "scale"), ("top_startup", [], "top_startup"),
-           ("preemption", [], "preemption"), ("fusion_payoff", [], "fusion_payoff")]
+           ("preemption", [], "preemption"), ("fusion_payoff", [], "fusion_payoff"),
+           ("first_runs", [], "first_runs")]
 
 
 def _run(name: str, out: Path, extra: list[str]) -> subprocess.CompletedProcess:
