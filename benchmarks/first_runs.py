@@ -38,40 +38,19 @@ RUNTIME = {"fifo": {"policy": "fifo"}, "pack": {"policy": "pack"}, "fused": {"po
 
 
 def _jobs(n: int):
+    """The hook's jobs (``shared/hooks/sidebyside.py``: its net, optimizer, rates and batches)."""
     import flax.linen as nn
-    import jax
-    import jax.numpy as jnp
     import numpy as np
     import optax
-    from flax.training import train_state
+
+    from benchmarks.steps import trainstate_mlps
 
     rng = np.random.default_rng(1)
     batches = [{"x": rng.normal(size=(32, 24)).astype(np.float32),
                 "y": rng.integers(0, 6, size=(32,)).astype(np.int32)} for _ in range(40)]
-
-    class Net(nn.Module):
-        @nn.compact
-        def __call__(self, x):
-            x = nn.tanh(nn.Dense(48)(x))
-            x = nn.tanh(nn.Dense(48)(x))
-            return nn.Dense(6)(x)
-
-    net = Net()
-    tx = optax.inject_hyperparams(optax.sgd)(learning_rate=0.01, momentum=0.9)
-
-    def state(i):
-        p = net.init(jax.random.key(i), jnp.ones((1, 24)))["params"]
-        s = train_state.TrainState.create(apply_fn=net.apply, params=p, tx=tx)
-        s.opt_state.hyperparams["learning_rate"] = jnp.asarray(0.01 * (i + 1), jnp.float32)
-        return s
-
-    def step(s, b):
-        def loss(p):
-            return optax.softmax_cross_entropy_with_integer_labels(s.apply_fn({"params": p}, b["x"]), b["y"]).mean()
-        value, g = jax.value_and_grad(loss)(s.params)
-        return s.apply_gradients(grads=g), {"loss": value}
-
-    return step, [state(i) for i in range(n)], [(lambda k, i=i: batches[(k + 3 * i) % len(batches)]) for i in range(n)]
+    return trainstate_mlps(n, features=24, width=48, classes=6, activation=nn.tanh,
+                           tx=optax.inject_hyperparams(optax.sgd)(learning_rate=0.01, momentum=0.9),
+                           lr=lambda i: 0.01 * (i + 1), batches=batches, stride=3)
 
 
 def _child(way: str, n: int, steps: int) -> float:

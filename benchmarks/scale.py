@@ -95,38 +95,17 @@ def _child(kind: str, n: int, steps: int, trivial: bool) -> dict:
 
 def _mlp(n: int):
     import flax.linen as nn
-    import jax
-    import jax.numpy as jnp
     import numpy as np
     import optax
-    from flax.training import train_state
 
-    class Net(nn.Module):
-        @nn.compact
-        def __call__(self, x):
-            x = nn.relu(nn.Dense(64)(x))
-            x = nn.relu(nn.Dense(64)(x))
-            return nn.Dense(10)(x)
+    from benchmarks.steps import trainstate_mlps
 
-    net = Net()
-    tx = optax.inject_hyperparams(optax.adam)(learning_rate=1e-3)
     rng = np.random.default_rng(0)
     pool = [{"x": rng.normal(size=(64, 32)).astype(np.float32),
              "y": rng.integers(0, 10, size=(64,)).astype(np.int32)} for _ in range(64)]
-
-    def state(i):
-        p = net.init(jax.random.key(i), jnp.ones((1, 32)))["params"]
-        s = train_state.TrainState.create(apply_fn=net.apply, params=p, tx=tx)
-        s.opt_state.hyperparams["learning_rate"] = jnp.asarray(1e-3 * (1 + i % 4), jnp.float32)
-        return s
-
-    def step(s, b):
-        def loss(p):
-            return optax.softmax_cross_entropy_with_integer_labels(s.apply_fn({"params": p}, b["x"]), b["y"]).mean()
-        value, g = jax.value_and_grad(loss)(s.params)
-        return s.apply_gradients(grads=g), {"loss": value}
-
-    return step, [state(i) for i in range(n)], [(lambda k, i=i: pool[(k + 7 * i) % 64]) for i in range(n)]
+    return trainstate_mlps(n, features=32, width=64, classes=10, activation=nn.relu,
+                           tx=optax.inject_hyperparams(optax.adam)(learning_rate=1e-3),
+                           lr=lambda i: 1e-3 * (1 + i % 4), batches=pool, stride=7)
 
 
 def _trivial(n: int):

@@ -13,7 +13,7 @@ each batch on its prefetch thread, as it always does).
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -56,6 +56,43 @@ def model_job(model: str, *, steps: int, seed: int = 0, name: str | None = None,
         host = [spec.data(k) for k in range(steps)]
         return spec.replace(data=lambda k, host=host: host[k], name=name or f"mlp-w{width}-{seed}")
     raise ValueError(f"unknown model {model!r}; choose tiny or mlp")
+
+
+def trainstate_mlps(n: int, *, features: int, width: int, classes: int, activation: Callable,
+                    tx: Any, lr: Callable[[int], float], batches: list[dict[str, np.ndarray]],
+                    stride: int) -> tuple[Callable, list, list[Callable[[int], Any]]]:
+    """``(step, states, data)``: ``n`` Flax Linen ``TrainState``s of one MLP (``features`` ->
+    ``width`` -> ``width`` -> ``classes``, ``activation`` after each hidden layer), written as
+    users write them: ``tx`` an ``optax.inject_hyperparams`` optimizer, job ``i``'s learning
+    rate ``lr(i)`` in its state (one program for all ``n``); the softmax cross-entropy step; job
+    ``i``'s batch ``k`` is ``batches[(k + stride * i) % len(batches)]``."""
+    import flax.linen as nn
+    import optax
+    from flax.training import train_state
+
+    class Net(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            x = activation(nn.Dense(width)(x))
+            x = activation(nn.Dense(width)(x))
+            return nn.Dense(classes)(x)
+
+    net = Net()
+
+    def state(i: int) -> Any:
+        p = net.init(jax.random.key(i), jnp.ones((1, features)))["params"]
+        s = train_state.TrainState.create(apply_fn=net.apply, params=p, tx=tx)
+        s.opt_state.hyperparams["learning_rate"] = jnp.asarray(lr(i), jnp.float32)
+        return s
+
+    def step(s, b):
+        def loss(p):
+            return optax.softmax_cross_entropy_with_integer_labels(s.apply_fn({"params": p}, b["x"]), b["y"]).mean()
+        value, g = jax.value_and_grad(loss)(s.params)
+        return s.apply_gradients(grads=g), {"loss": value}
+
+    return step, [state(i) for i in range(n)], [(lambda k, i=i: batches[(k + stride * i) % len(batches)])
+                                                 for i in range(n)]
 
 
 def device_copy(tree: Any) -> Any:
