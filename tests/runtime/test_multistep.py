@@ -410,52 +410,6 @@ def test_a_fused_group_whose_measured_host_gap_exceeds_the_kept_forms_call_cost_
     assert solo.form is None and "would save ~42 us/step" in solo.note
 
 
-def test_a_promotion_weighs_its_compile_by_what_forms_compiled_here_cost_once_one_did(monkeypatch, tmp_path):
-    """The guess (the slowest compile of the process, at least 0.5 s, x1.5 rolled: 0.75 s) was
-    three times what the hook's K=16 forms cost on this CPU (0.2-0.3 s). A fresh compile's
-    seconds are kept with its verdict (beside the cache), a recheck that loads the program keeps
-    them, and later promotions weigh by their median, rolled and unrolled apart."""
-    from concurrent.futures import Future
-
-    from xshare.runtime.compiled import history
-    from xshare.runtime.engine import tiers as tiers_module
-    from xshare.runtime.engine.tiers import Candidate, JobTier, Tiers
-
-    verdicts = multistep.Verdicts()
-    verdicts.persist(str(tmp_path))
-    monkeypatch.setattr(multistep, "VERDICTS", verdicts)
-    monkeypatch.setattr(verdicts, "typical_call_s", lambda: 60e-6)
-    table = history.RunHistory()
-    table.persist(str(tmp_path / "h"))
-    monkeypatch.setattr(tiers_module, "HISTORY", table)
-    k16 = next(f for f in FORMS if f.k == 16 and not f.unroll)
-    # (what workers.py passes: the slowest compile of the process, at least COLD_COMPILE_S)
-    tiers = Tiers(device=None, submit=lambda fn: Future(), max_k=32, compile_estimate=lambda: 0.5)
-
-    def weigh(key: str) -> JobTier:
-        # ~56 us a step to save x 8000 steps: ~0.45 s, under the 0.75 s guess, over a 0.25 s compile
-        tier = JobTier()
-        tiers.consider(tier, Candidate(key=key, compile=lambda f: None, steps_done=8, step_s=100e-6,
-                                       steps_left=8000, gap_s=None, period=None))
-        return tier
-
-    assert verdicts.typical_compile_s(False) is None
-    guessed = weigh("a")
-    assert guessed.form is None and "less than its compile (~0.75 s)" in guessed.note
-    fresh = SimpleNamespace(form=k16, fresh=True, compile_s=0.25)
-    assert tiers.settle(JobTier(), "b", fresh, multistep.Verdict(k16, True, 107e-6, 49e-6), fits=True)
-    assert verdicts.get("b", k16).compile_s == 0.25
-    loaded = SimpleNamespace(form=k16, fresh=False, compile_s=0.002)  # its program kept: a load
-    assert tiers.settle(JobTier(), "c", loaded, multistep.Verdict(k16, True, 107e-6, 49e-6), fits=True)
-    assert verdicts.get("c", k16).compile_s is None  # (a load says nothing of what a compile costs)
-    assert verdicts.typical_compile_s(False) == 0.25 and verdicts.typical_compile_s(True) is None
-    measured = weigh("d")
-    assert measured.form == k16 and "more than its compile (~0.25 s)" in measured.note
-    reread = multistep.Verdicts()
-    reread.persist(str(tmp_path))
-    assert reread.get("b", k16).compile_s == 0.25 and reread.typical_compile_s(False) == 0.25
-
-
 def test_under_srtf_a_kept_form_is_capped_by_its_own_step_time_not_by_one_step_per_calls(monkeypatch):
     """The trace's 64-wide MLP: 107 us a step one per call, 49 at K=16. Under srtf a call may take
     QUANTUM_S over dispatch_ahead=1 + 1 (1 ms when this was found, at QUANTUM_S = 2 ms): K=16
@@ -520,7 +474,7 @@ def test_a_form_timed_slower_is_checked_again_by_later_runs_then_left_off(monkey
     tiers, tier, again = run()
     assert tier.form == k16 and "checking K=16 rolled again" in tier.note and len(started) == 1
     assert again.form is None and len(started) == 1
-    multi = SimpleNamespace(form=k16, fresh=False, compile_s=0.002)  # (loaded: the program was kept)
+    multi = SimpleNamespace(form=k16)
     assert not tiers.settle(tier, "p", multi, slower, fits=True)      # slower again: 2 checks
     assert verdicts.get("p", k16).checks == 2
     tiers, tier, _ = run()

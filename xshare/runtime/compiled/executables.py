@@ -95,12 +95,6 @@ class Executables:
         return self.compile(self.key(*parts, fenced, _ffi_sources(fenced), device=device), lower,
                             device=device, nbytes=tree_nbytes(args[:2]), trial=trial)
 
-    def xla_answered(self) -> bool:
-        """Whether this thread's latest ``compile`` that did not load a kept executable was
-        answered by XLA's own persistent cache (a load, not a compile: its seconds say nothing
-        of what a compile costs)."""
-        return bool(getattr(self._local, "hit", False))
-
     def has_program(self, parts: tuple, args: list, *, fenced: bool, device: Any) -> bool:
         """Whether ``compile_program(parts, ...)`` would load a kept executable rather than
         compile (its file is there; the trial call still decides when it loads)."""

@@ -49,9 +49,6 @@ class MultiStep:
     executable: Any          # (state leaves, stacked batch leaves[, ident]) -> (state, metrics[K, M])
     footprint: Footprint     # from its own memory analysis (K batches, K rows of metrics)
     compile_s: float
-    # Compiled by XLA here (not loaded whole, not answered by XLA's cache): ``compile_s`` is
-    # what such a form costs this machine, kept with its verdict (``Verdicts.typical_compile_s``).
-    fresh: bool = False
 
     @property
     def k(self) -> int:
@@ -157,13 +154,12 @@ def _scan_program(step: Callable, state_struct: Any, batch_struct: Any, *, xs: C
 
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-        compiled, compile_s, loaded = EXECUTABLES.compile_program(
+        compiled, compile_s, _ = EXECUTABLES.compile_program(
             (*key, form.k, form.unroll), lambda: jax.jit(multi, donate_argnums=STATE_ONLY).lower(*args), args,
             fenced=fenced, device=device)
-    fresh = not loaded and not EXECUTABLES.xla_answered()
     fp = footprint_from_analysis(compiled.memory_analysis(), state_bytes=state_bytes,
                                  batch_bytes=batch_bytes, prefetch=0, job=label, hlo=compiled.as_text)
-    return MultiStep(form=form, executable=compiled, footprint=fp, compile_s=compile_s, fresh=fresh)
+    return MultiStep(form=form, executable=compiled, footprint=fp, compile_s=compile_s)
 
 
 @dataclass(frozen=True)
@@ -184,9 +180,6 @@ class Verdict:
     # How many processes' checks this verdict sums up: a bit-identical form timed slower is
     # checked again by later runs (``RECHECKS``), as one timing can be disturbed (see ``recheck``).
     checks: int = 1
-    # XLA's seconds to compile the form here, where the check's process compiled it (None: it was
-    # loaded, or checked before compiles were kept): ``Verdicts.typical_compile_s``.
-    compile_s: float | None = None
 
     @property
     def recheck(self) -> bool:
@@ -268,18 +261,6 @@ class Verdicts:
                        for v in self._table.values() if v.kept and v.form.k > 1)
         return calls[len(calls) // 2] if calls else CALL_S
 
-    def typical_compile_s(self, unroll: bool) -> float | None:
-        """What compiling a K-step form (rolled or unrolled) has cost this machine: the median of
-        the compiles the checks kept (any program, this process or earlier ones); None before any.
-        A promotion weighs its compile by this rather than by a guess once there is one: the
-        guess (the slowest compile of the process, at least ``COLD_COMPILE_S``, x1.5 for a rolled
-        scan) was 0.75 s where the hook's K=16 forms compile in 0.24-0.28 s alone on this
-        project's CPU and in 0.51 s beside its jobs stepping, and a guess over the compile holds
-        back forms that would repay it."""
-        seconds = sorted(v.compile_s for v in self._table.values()
-                         if v.compile_s is not None and v.form.unroll == unroll and v.form.k > 1)
-        return seconds[len(seconds) // 2] if seconds else None
-
 
 FILE = "verdicts.json"
 RECHECKS = 3   # checks of a bit-identical form timed slower before it is left off for good
@@ -297,8 +278,7 @@ def _decode(r: dict[str, Any]) -> tuple[tuple[str, Form], Verdict]:
         deviation = math.inf if r["deviation"] is None else float(r["deviation"])
     return (str(r["program"]), form), Verdict(form, exact, float(r["single_step_s"]),
                                               float(r["multi_step_s"]), str(r.get("why", "")), deviation,
-                                              int(r.get("checks", 1)),
-                                              None if r.get("compile_s") is None else float(r["compile_s"]))
+                                              int(r.get("checks", 1)))
 
 
 def _encode(key: tuple[str, Form], v: Verdict) -> dict[str, Any]:
@@ -307,8 +287,6 @@ def _encode(key: tuple[str, Form], v: Verdict) -> dict[str, Any]:
                            "checks": v.checks}
     if v.measured:  # (an unmeasured one keeps its row without it, as it was read)
         row["deviation"] = v.deviation if math.isfinite(v.deviation) else None
-    if v.compile_s is not None:
-        row["compile_s"] = v.compile_s
     return row
 
 

@@ -162,9 +162,7 @@ class Tiers:
             call_s = max(call_s, c.gap_s or 0.0)
         now = c.step_s + (c.gap_s or 0.0)
         after = now - min(call_s * (1 - 1 / form.k), 0.9 * now)
-        estimate = multistep.VERDICTS.typical_compile_s(form.unroll)
-        if estimate is None:  # (no form compiled here yet: a guess, on the safe side)
-            estimate = (self._compile_estimate() or 0.5) * (_UNROLLED_FACTOR if form.unroll else _ROLLED_FACTOR)
+        estimate = (self._compile_estimate() or 0.5) * (_UNROLLED_FACTOR if form.unroll else _ROLLED_FACTOR)
         # The form is kept for later runs of the program on this machine: the steps its earlier
         # runs here lead us to expect of them count too (compiled/history.py).
         later, steps = 0, None
@@ -235,10 +233,6 @@ class Tiers:
             before = multistep.VERDICTS.get(key, multi.form)
             if before is not None and before.recheck:
                 verdict = replace(verdict, checks=before.checks + 1)  # (Verdict.recheck)
-            if multi.fresh:  # what its compile cost here (Verdicts.typical_compile_s)
-                verdict = replace(verdict, compile_s=multi.compile_s)
-            elif before is not None and before.compile_s is not None:  # (a recheck loads it)
-                verdict = replace(verdict, compile_s=before.compile_s)
             multistep.VERDICTS.put(key, verdict)
         if verdict is not None and not self.keeps(verdict):
             tier.note = verdict.describe(self.rtol)
