@@ -94,6 +94,32 @@ def test_step_raising_on_its_5th_batch_fails_that_job_alone():
     assert h.progress().steps_done == 4
 
 
+def test_a_run_that_raises_at_retirement_names_its_failing_step_and_keeps_the_steps_before_it():
+    """A run (one-step calls back to back, ``Executor.run``) whose 3rd call raised on the
+    device, found when the run retires (how the test above fails when the callback's error comes
+    back after the run was dispatched: CI once saw "steps 0-7 raised"): the job fails naming step
+    2, and steps 0 and 1, which completed, retire with their metrics."""
+    from types import SimpleNamespace
+
+    from xshare.runtime.engine.executor import Executor
+
+    class Raises:
+        def __array__(self, dtype=None, copy=None):
+            raise RuntimeError("INTERNAL: CpuCallback error: label out of range")
+
+    retired, failed = [], []
+    fake = SimpleNamespace(retired_many=lambda job, step, values, t, t_end: retired.append((step, values)),
+                           life=SimpleNamespace(fail=lambda job, cause, err: failed.append(cause)))
+    rows = [np.array([1.0], np.float32), np.array([2.0], np.float32), Raises(), np.array([4.0], np.float32)]
+    Executor._fail_call(fake, "job", 10, rows, 4, 0, 1, RuntimeError("the run as a whole"))
+    assert [(step, values.tolist()) for step, values in retired] == [(10, [[1.0], [2.0]])]
+    assert failed == ["step 12 raised: RuntimeError: INTERNAL: CpuCallback error: label out of range"]
+    # A K-step call is one executable: it names its steps.
+    failed.clear()
+    Executor._fail_call(fake, "job", 16, np.zeros((4, 1)), 4, 0, 1, RuntimeError("boom"))
+    assert failed == ["steps 16-19 raised: RuntimeError: boom"]
+
+
 def test_nan_policy_fail_stops_the_job_with_the_metric_named():
     @xshare.job
     def nan_at_3(state, batch):

@@ -334,8 +334,7 @@ class Executor:
             # steps dispatched after this one keep the device busy.
             values = np.asarray(vec)
         except Exception as err:  # noqa: BLE001 - a step that fails on the device fails its job
-            self.life.fail(job, f"step {step} raised: {short_error(err)}"
-                           if k == 1 else f"steps {step}-{step + k - 1} raised: {short_error(err)}", err)
+            self._fail_call(job, step, vec, k, t, t_end, err)
         else:
             t_end = t_end or time.monotonic_ns()
             if k == 1:
@@ -377,6 +376,27 @@ class Executor:
             job.in_flight -= 1
             if job.in_flight == 0:
                 self.life.settle(job)
+
+    def _fail_call(self, job: JobRecord, step: int, vec: Any, k: int, t: int, t_end: int | None,
+                   err: Exception) -> None:
+        """A call in flight raised on the device: its job fails, naming the step. A run (``vec``
+        a list: one vector per one-step call, ``Executor.run``) names the call that raised, and
+        the steps before it, which completed, retire as any completed step does. A K-step call
+        is one executable: it names its steps."""
+        if isinstance(vec, list) and len(vec) == k:
+            done: list = []
+            for row in vec:
+                try:
+                    done.append(np.asarray(row))
+                except Exception as row_err:  # noqa: BLE001 - the call that raised
+                    err = row_err
+                    break
+            if len(done) < k:  # (else every row reads: the error was not a call's; named as a whole)
+                if done:
+                    self.retired_many(job, step, np.stack(done), t, t_end or time.monotonic_ns())
+                step, k = step + len(done), 1
+        self.life.fail(job, f"step {step} raised: {short_error(err)}"
+                       if k == 1 else f"steps {step}-{step + k - 1} raised: {short_error(err)}", err)
 
     def retired_many(self, job: JobRecord, step: int, values: Any, t: int, t_end: int) -> None:
         """The K rows of one K-step call, one per step, as if each had retired alone (host times
