@@ -120,6 +120,45 @@ def test_a_run_that_raises_at_retirement_names_its_failing_step_and_keeps_the_st
     assert failed == ["steps 16-19 raised: RuntimeError: boom"]
 
 
+def test_a_fused_groups_run_that_raises_at_retirement_names_its_group_step_and_keeps_the_steps_before_it():
+    """The same for a fused group's run (``GroupCalls.run``): its 3rd group call raised, found
+    when the run retires. Every member fails (the call donated the whole stack), each naming its
+    own step of that call, and the two group steps before it retire for every member, with
+    their rows' metrics. A K-step group call is one executable: it names its steps."""
+    from types import SimpleNamespace
+
+    from xshare.runtime.engine.executor import Executor
+
+    class Raises:
+        def __array__(self, dtype=None, copy=None):
+            raise RuntimeError("INTERNAL: CpuCallback error: label out of range")
+
+    retired, failed, settled = [], [], []
+    fake = SimpleNamespace(ring=0, life=SimpleNamespace(
+        fail=lambda job, cause, err: failed.append((job.name, cause)), settle=lambda job: settled.append(job.name)))
+    fake.retired = lambda job, step, values, t_end, finite: retired.append((job.name, step, values.tolist(), finite))
+    fake._fail_group_call = lambda *a: Executor._fail_group_call(fake, *a)
+    fake._retire_group_rows = lambda *a: Executor._retire_group_rows(fake, *a)
+
+    def members():
+        a, b = (SimpleNamespace(name=n, in_flight=1, error=None) for n in ("a", "b"))
+        return SimpleNamespace(in_flight=1), {0: (a, 10), 2: (b, 30)}, (a, b)
+
+    group, steps, (a, b) = members()
+    row = lambda v: np.array([[v], [0.0], [v + 0.5]], np.float32)  # noqa: E731 - (capacity 3, 1 metric)
+    Executor._retire_group(fake, group, steps, [row(1.0), row(2.0), Raises(), row(4.0)], 0, 1, 4)
+    assert retired == [("a", 10, [1.0], True), ("b", 30, [1.5], True), ("a", 11, [2.0], True), ("b", 31, [2.5], True)]
+    cause = "RuntimeError: INTERNAL: CpuCallback error: label out of range"
+    assert failed == [("a", f"fused group step 12 raised: {cause}"), ("b", f"fused group step 32 raised: {cause}")]
+    assert (a.in_flight, b.in_flight, group.in_flight, settled) == (0, 0, 0, ["a", "b"])
+
+    retired.clear(), failed.clear()
+    group, steps, _ = members()
+    Executor._retire_group(fake, group, steps, Raises(), 0, 1, 4)
+    assert retired == []
+    assert failed == [("a", f"fused group steps 10-13 raised: {cause}"), ("b", f"fused group steps 30-33 raised: {cause}")]
+
+
 def test_nan_policy_fail_stops_the_job_with_the_metric_named():
     @xshare.job
     def nan_at_3(state, batch):

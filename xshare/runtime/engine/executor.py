@@ -354,13 +354,31 @@ class Executor:
         try:
             values = np.asarray(vec)
         except Exception as err:  # noqa: BLE001
-            for job, step in steps.values():
-                job.in_flight -= 1
-                self.life.fail(job, f"fused group step {step} raised: {short_error(err)}", err)
-                self.life.settle(job)
+            self._fail_group_call(group, steps, vec, k, t, t_end, err)
             return
-        t_end = t_end or time.monotonic_ns()
-        rows = values if k > 1 else values[None]  # (k, capacity, metrics)
+        self._retire_group_rows(group, steps, values if k > 1 else values[None], t, t_end or time.monotonic_ns())
+        for job, _ in steps.values():
+            job.in_flight -= 1
+            if job.in_flight == 0:
+                self.life.settle(job)
+
+    def _fail_group_call(self, group: Group, steps: dict, vec: Any, k: int, t: int, t_end: int | None, err: Exception) -> None:
+        """A group call in flight raised on the device: every member fails (the call donated
+        the whole stack, so no member's state survives it), naming the group step that raised.
+        A run of group calls (``vec`` a list, ``GroupCalls.run``) names the call that raised,
+        and the group steps before it, which completed, retire first, as ``_fail_call`` does
+        for a solo job's run."""
+        done, err, named = completed_calls(vec, k, err)
+        if done:
+            self._retire_group_rows(group, steps, np.stack(done), t, t_end or time.monotonic_ns())
+        for job, step in steps.values():
+            job.in_flight -= 1
+            self.life.fail(job, f"fused group {named_steps(step + len(done), named)} raised: {short_error(err)}", err)
+            self.life.settle(job)
+
+    def _retire_group_rows(self, group: Group, steps: dict, rows: Any, t: int, t_end: int) -> None:
+        """Account the rows (k, capacity, metrics) of k group steps that completed."""
+        k = len(rows)
         finite = np.isfinite(rows).all(axis=2)  # once for the group, not once per member
         # A member that failed after the call was dispatched (its data, later) keeps the call's
         # steps; one that fails at a row of it (nan_policy="fail") keeps none after that row.
@@ -372,10 +390,6 @@ class Executor:
                     self.retired(job, step + i, rows[i][slot], t_i, finite=bool(finite[i][slot]))
             if self.ring is None:
                 self.timeline.host_step(group, t + (t_end - t) * i // k, t_i)
-        for job, _ in steps.values():
-            job.in_flight -= 1
-            if job.in_flight == 0:
-                self.life.settle(job)
 
     def _fail_call(self, job: JobRecord, step: int, vec: Any, k: int, t: int, t_end: int | None,
                    err: Exception) -> None:
@@ -383,20 +397,10 @@ class Executor:
         a list: one vector per one-step call, ``Executor.run``) names the call that raised, and
         the steps before it, which completed, retire as any completed step does. A K-step call
         is one executable: it names its steps."""
-        if isinstance(vec, list) and len(vec) == k:
-            done: list = []
-            for row in vec:
-                try:
-                    done.append(np.asarray(row))
-                except Exception as row_err:  # noqa: BLE001 - the call that raised
-                    err = row_err
-                    break
-            if len(done) < k:  # (else every row reads: the error was not a call's; named as a whole)
-                if done:
-                    self.retired_many(job, step, np.stack(done), t, t_end or time.monotonic_ns())
-                step, k = step + len(done), 1
-        self.life.fail(job, f"step {step} raised: {short_error(err)}"
-                       if k == 1 else f"steps {step}-{step + k - 1} raised: {short_error(err)}", err)
+        done, err, named = completed_calls(vec, k, err)
+        if done:
+            self.retired_many(job, step, np.stack(done), t, t_end or time.monotonic_ns())
+        self.life.fail(job, f"{named_steps(step + len(done), named)} raised: {short_error(err)}", err)
 
     def retired_many(self, job: JobRecord, step: int, values: Any, t: int, t_end: int) -> None:
         """The K rows of one K-step call, one per step, as if each had retired alone (host times
@@ -452,3 +456,25 @@ class Executor:
             job.extra_metrics = {k: float(v) for k, v in (extra or {}).items()} or None
         except Exception as err:  # noqa: BLE001 - its failure fails the job
             self.life.fail(job, f"its observer raised at step {step}: {short_error(err)}", err)
+
+
+def completed_calls(vec: Any, k: int, err: Exception) -> tuple[list, Exception, int]:
+    """For a call in flight whose result raised when read: ``(rows, error, named)``. A run
+    (``vec`` a list of its ``k`` one-step calls' results) gives the rows of the calls that
+    completed before the one that raised, that call's error, and 1 (the error names that one
+    step). A K-step call is one executable (no rows; it names its ``k`` steps), as is a run
+    whose every row reads (the error was not one call's: named as a whole)."""
+    if not (isinstance(vec, list) and len(vec) == k):
+        return [], err, k
+    done: list = []
+    for row in vec:
+        try:
+            done.append(np.asarray(row))
+        except Exception as row_err:  # noqa: BLE001 - the call that raised
+            return done, row_err, 1
+    return [], err, k
+
+
+def named_steps(first: int, n: int) -> str:
+    """``step 4`` or ``steps 4-11``: the steps an error names."""
+    return f"step {first}" if n == 1 else f"steps {first}-{first + n - 1}"
