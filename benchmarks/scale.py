@@ -21,7 +21,6 @@ usage: python benchmarks/scale.py [--ns 1,8,32,64] [--steps 2000,2000,500,500] [
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -29,6 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ("plain", "fifo", "pack")
+CACHE = "fresh"  # the children's compilation cache (benchmarks/caches.py; --cache)
 
 
 # ------------------------------------------------------------------------------ the child side
@@ -122,9 +122,11 @@ def _trivial(n: int):
 
 # ------------------------------------------------------------------------------ the parent side
 def _spawn(kind: str, n: int, steps: int, trivial: bool) -> dict:
-    env = dict(os.environ, XSHARE_COMPILATION_CACHE="", JAX_COMPILATION_CACHE_DIR="")
-    out = subprocess.run([sys.executable, __file__, "--child", json.dumps([kind, n, steps, trivial])],
-                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=1800)
+    from benchmarks.caches import child_env
+
+    with child_env(CACHE, JAX_COMPILATION_CACHE_DIR="") as env:
+        out = subprocess.run([sys.executable, __file__, "--child", json.dumps([kind, n, steps, trivial])],
+                             capture_output=True, text=True, env=env, cwd=ROOT, timeout=1800)
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("@@")]
     if out.returncode != 0 or not lines:
         raise RuntimeError(f"{kind} n={n} failed:\n{out.stderr[-3000:]}")
@@ -133,6 +135,7 @@ def _spawn(kind: str, n: int, steps: int, trivial: bool) -> dict:
 
 def main(argv: list[str]) -> int:
     sys.path.insert(0, str(ROOT))
+    from benchmarks.caches import CHOICES
     from xshare.bench import harness as h
 
     p = h.parser("scale", __doc__.splitlines()[0])
@@ -140,7 +143,12 @@ def main(argv: list[str]) -> int:
     p.add_argument("--steps", default="2000,2000,500,500")
     p.add_argument("--trivial-steps", type=int, default=2000)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--cache", choices=CHOICES, default="fresh",
+                   help="fresh (default): each child on an empty compilation cache of its own (every "
+                        "compile paid, as by the plain loop); machine: this machine's cache (a relaunch)")
     args = p.parse_args(argv)
+    global CACHE
+    CACHE = args.cache
     if args.smoke:
         args.ns, args.steps, args.trivial_steps, args.repeats = "1,2", "100,100", 200, 1
     ns = [int(x) for x in args.ns.split(",")]
@@ -165,10 +173,10 @@ def main(argv: list[str]) -> int:
                          None if k == "plain" else h.median(r["submit_s"] for r in runs[k]),
                          host_us])
         print(h.markdown_table(COLUMNS, [r for r in rows if r[0] == n]), flush=True)
-    h.write_results("scale", args.out, title="Scale: N same-shape jobs, plain loop vs xshare fifo/pack",
+    h.write_results("scale" + ("" if args.cache == "fresh" else f"_{args.cache}"), args.out, title="Scale: N same-shape jobs, plain loop vs xshare fifo/pack",
                     columns=COLUMNS, rows=rows, machine_info=h.machine(), smoke=args.smoke,
                     config={"ns": ns, "steps": steps, "trivial_steps": args.trivial_steps,
-                            "repeats": args.repeats}, data={"runs": raw},
+                            "repeats": args.repeats, "cache": args.cache}, data={"runs": raw},
                     notes=NOTES)
     return 0
 
@@ -180,7 +188,10 @@ clock every 50 steps; xshare: the fence timeline). XLA compiles: jax.monitoring 
 compiles minus persistent-cache hits during the run (includes small helper programs such as
 the optimizer-state init of the plain loop: count them the same way in every config).
 host us/step: on a trivial step, 1e6 * (1/xshare rate - 1/plain rate): the runtime's own
-per-step cost beyond a plain loop's dispatch (negative: cheaper than a plain jit call)."""
+per-step cost beyond a plain loop's dispatch (negative: cheaper than a plain jit call).
+Compilation cache (``--cache``): fresh (default) gives every child an empty one of its own, so
+xshare pays its compiles as the plain loop does; machine runs on this machine's cache, as a
+relaunch does (benchmarks/caches.py)."""
 
 COLUMNS = ["N", "steps/job", "config", "e2e s", "speed vs plain (x)", "steady steps/s", "XLA compiles",
            "submit_many s", "host us/step"]
