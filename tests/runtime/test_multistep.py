@@ -410,6 +410,40 @@ def test_a_fused_group_whose_measured_host_gap_exceeds_the_kept_forms_call_cost_
     assert solo.form is None and "would save ~42 us/step" in solo.note
 
 
+def test_a_form_another_job_of_the_program_began_compiling_is_taken_whatever_is_left_to_repay(monkeypatch, tmp_path):
+    """A sweep under fifo on an empty cache: the first job starts its program's K=16 compile and
+    ends before it is built (no check, no verdict). A later job with 468 steps left would not
+    repay a new compile, but this one is paid already: it takes it (the check still decides).
+    Weighed as new, every later job ran one step per call (scale.py, N=32 x 500: 0.72x the loop)."""
+    from concurrent.futures import Future
+
+    from xshare.runtime.compiled import history
+    from xshare.runtime.engine import tiers as tiers_module
+    from xshare.runtime.engine.tiers import Candidate, JobTier, Tiers
+
+    monkeypatch.setattr(multistep, "VERDICTS", multistep.Verdicts())
+    monkeypatch.setattr(multistep.VERDICTS, "typical_call_s", lambda: 70e-6)
+    table = history.RunHistory()
+    table.persist(str(tmp_path))
+    monkeypatch.setattr(tiers_module, "HISTORY", table)
+    submitted = []
+
+    def weigh(begun: bool, steps_done: int = 32) -> JobTier:
+        c = Candidate(key="p", compile=lambda f: None, steps_done=steps_done, step_s=100e-6, steps_left=468,
+                      gap_s=20e-6, period=None, begun=lambda form: begun)
+        tier = JobTier()
+        Tiers(device=None, submit=lambda fn: submitted.append(fn) or Future(), max_k=32,
+              compile_estimate=lambda: 0.97).consider(tier, c)
+        return tier
+
+    new = weigh(begun=False)   # ~70 us a step x 468 steps against a ~1.45 s compile
+    assert new.form is None and new.pending is None and "less than its compile" in new.note
+    assert not submitted
+    taken = weigh(begun=True, steps_done=0)  # (at its first turn: no step time needed)
+    assert taken.form == FORMS[0] and taken.pending is not None and len(submitted) == 1
+    assert "compiled for another job of its program" in taken.note
+
+
 def test_under_srtf_a_kept_form_is_capped_by_its_own_step_time_not_by_one_step_per_calls(monkeypatch):
     """The trace's 64-wide MLP: 107 us a step one per call, 49 at K=16. Under srtf a call may take
     QUANTUM_S over dispatch_ahead=1 + 1 (1 ms when this was found, at QUANTUM_S = 2 ms): K=16

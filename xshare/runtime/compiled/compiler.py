@@ -291,6 +291,13 @@ class ProgramCache:
             return None
         return fut.result()
 
+    def begun(self, key: str) -> bool:
+        """Whether ``shared(key, ...)`` has begun in this process and not failed: built, or
+        building now (its compile paid, or being paid, whoever asked for it first)."""
+        with self._lock:
+            fut = self._programs.get(key)
+        return fut is not None and not (fut.done() and fut.exception() is not None)
+
     def _claim(self, table: dict, key: Any) -> tuple[Future, bool]:
         """The future for ``key`` in ``table``, and whether the caller must fill it (the first
         to ask computes; the others wait on its future)."""

@@ -80,6 +80,11 @@ def built_multi(program: CompiledStep, form: Form) -> MultiStep | None:
     return PROGRAMS.built(_multi_key(program, form))
 
 
+def begun_multi(program: CompiledStep, form: Form) -> bool:
+    """Whether this process has compiled, or is compiling, ``compile_multi``'s program."""
+    return PROGRAMS.begun(_multi_key(program, form))
+
+
 def _multi_key(program: CompiledStep, form: Form) -> str:
     return f"multistep {program.key} k={form.k} unroll={form.unroll}"
 
@@ -104,6 +109,11 @@ def compile_group_multi(program: CompiledStep, capacity: int, form: Form, device
 def built_group_multi(program: CompiledStep, capacity: int, form: Form) -> MultiStep | None:
     """``compile_group_multi``'s program if this process has it already, else None."""
     return PROGRAMS.built(_group_multi_key(program, capacity, form))
+
+
+def begun_group_multi(program: CompiledStep, capacity: int, form: Form) -> bool:
+    """Whether this process has compiled, or is compiling, ``compile_group_multi``'s program."""
+    return PROGRAMS.begun(_group_multi_key(program, capacity, form))
 
 
 def _group_multi_key(program: CompiledStep, capacity: int, form: Form) -> str:

@@ -178,6 +178,7 @@ class MultiCalls:
         self.tiers.consider(self.tiers.tier(job), Candidate(
             key=program.key, compile=lambda form: multistep.compile_multi(program, form, device),
             built=lambda form: multistep.built_multi(program, form),
+            begun=lambda form: multistep.begun_multi(program, form),
             steps_done=job.steps_done, step_s=step_s, steps_left=left,
             gap_s=job.host_gap_s if job.host_gap_s is not None else self.timeline.host_gap_s,
             period=self.period(job, step_s),

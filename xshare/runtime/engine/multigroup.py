@@ -289,6 +289,7 @@ class GroupCalls:
             key=_group_key(group),
             compile=lambda form: multistep.compile_group_multi(program, capacity, form, device),
             built=lambda form: multistep.built_group_multi(program, capacity, form),
+            begun=lambda form: multistep.begun_group_multi(program, capacity, form),
             steps_done=group.steps_run, step_s=typical_step_s(group),
             steps_left=None if any(x is None for x in lefts) else max(lefts),
             gap_s=group.host_gap_s if group.host_gap_s is not None else self.timeline.host_gap_s,
