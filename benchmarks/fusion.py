@@ -33,7 +33,7 @@ per job), on the same teacher data, run as
 
 Every row reports how many times the train step was compiled.
 
-usage: python benchmarks/fusion.py [--ns 8,32] [--steps 2000] [--repeats 3] [--sweep naive] [--smoke]
+usage: python benchmarks/fusion.py [--ns 8,32] [--steps 2000] [--repeats 3] [--sweep naive] [--data teacher|cached] [--cache fresh|machine] [--smoke]
 """
 
 from __future__ import annotations

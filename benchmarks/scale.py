@@ -15,7 +15,7 @@ Reported per N and configuration:
   * host us/step: the runtime's own cost per step, measured on a trivial step (a few hundred
     nanoseconds of compute) as 1e6 * (1/xshare rate - 1/plain rate) over the same N jobs.
 
-usage: python benchmarks/scale.py [--ns 1,8,32,64] [--steps 2000,2000,500,500] [--repeats 3]
+usage: python benchmarks/scale.py [--ns 1,8,32,64] [--steps 2000,2000,500,500] [--repeats 3] [--cache fresh|machine]
 """
 
 from __future__ import annotations
