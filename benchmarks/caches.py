@@ -24,6 +24,17 @@ CHOICES = ("fresh", "machine")
 
 
 @contextmanager
+def empty_cache(name: str = "xla") -> Iterator[str]:
+    """A new, empty compilation cache directory, removed afterwards (for one child, or for a
+    sequence of children that share it: ``first_runs.py``'s rounds)."""
+    directory = tempfile.mkdtemp(prefix=f"xshare-bench-{name}-")
+    try:
+        yield directory
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@contextmanager
 def child_env(cache: str, **extra: str) -> Iterator[dict[str, str]]:
     """The environment for one child process on ``cache`` (``CHOICES``), with ``extra`` set."""
     if cache not in CHOICES:
@@ -32,8 +43,5 @@ def child_env(cache: str, **extra: str) -> Iterator[dict[str, str]]:
     if cache == "machine":
         yield env
         return
-    directory = tempfile.mkdtemp(prefix="xshare-bench-xla-")
-    try:
+    with empty_cache() as directory:
         yield {**env, "XSHARE_COMPILATION_CACHE": directory}
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)

@@ -25,10 +25,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -93,6 +91,7 @@ def main(argv: list[str]) -> int:
         print("RESULT " + json.dumps(_child(argv[1], int(argv[2]), int(argv[3]))))
         return 0
     sys.path.insert(0, str(ROOT))
+    from benchmarks.caches import empty_cache
     from xshare.bench import harness as h
 
     p = h.parser("first_runs", __doc__.splitlines()[0])
@@ -109,15 +108,12 @@ def main(argv: list[str]) -> int:
         # walls[round][way] = one wall time per repeat
         walls = [{w: [] for w in WAYS} for _ in range(args.rounds)]
         for r in range(args.repeats):
-            cache = tempfile.mkdtemp(prefix="xshare-first-runs-")
-            try:
+            with empty_cache("first-runs") as cache:  # (every round of this repeat shares it)
                 for rnd in range(args.rounds):
                     for way in WAYS:
                         walls[rnd][way].append(_run(way, args.n, steps, cache))
                     print(f"  {args.n} x {steps} repeat {r + 1} round {rnd + 1}: " + ", ".join(
                         f"{w} {walls[rnd][w][-1]:.2f} s" for w in WAYS), flush=True)
-            finally:
-                shutil.rmtree(cache, ignore_errors=True)
         raw.append({"n": args.n, "steps": steps, "walls": walls})
         for rnd in range(args.rounds):
             for way in WAYS:

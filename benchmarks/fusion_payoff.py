@@ -21,12 +21,12 @@ usage: python -m benchmarks.fusion_payoff [--models cnn,mlp] [--n 6] [--steps 60
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,6 +63,7 @@ def _run(model: str, n: int, steps: int, way: str, cache: str) -> dict:
 
 def main(argv: list[str]) -> int:
     sys.path.insert(0, str(ROOT))
+    from benchmarks.caches import empty_cache
     from xshare.bench import harness as h
 
     p = h.parser("fusion_payoff", __doc__.splitlines()[0])
@@ -78,8 +79,8 @@ def main(argv: list[str]) -> int:
     for model in args.models.split(","):
         runs: dict[str, list[dict]] = {w: [] for w in WAYS}
         for r in range(args.repeats):
-            caches = {w: tempfile.mkdtemp(prefix=f"xshare-payoff-{w}-") for w in WAYS}
-            try:
+            with contextlib.ExitStack() as stack:
+                caches = {w: stack.enter_context(empty_cache(f"payoff-{w}")) for w in WAYS}
                 for way in WAYS:  # (in order: "known" takes the verdict "measured" just left)
                     if way == "known":
                         verdicts = Path(caches["measured"]) / "fusion-verdicts.json"
@@ -88,9 +89,6 @@ def main(argv: list[str]) -> int:
                     runs[way].append(_run(model, args.n, args.steps, way, caches[way]))
                     print(f"  {model} repeat {r + 1}/{args.repeats} {way}: {runs[way][-1]['wall_s']:.2f} s, "
                           f"{runs[way][-1]['fused_member_steps']} fused", flush=True)
-            finally:
-                for c in caches.values():
-                    shutil.rmtree(c, ignore_errors=True)
         raw.append({"model": model, "runs": runs})
         for way in WAYS:
             ratios = h.paired_ratios([x["wall_s"] for x in runs["pack"]], [x["wall_s"] for x in runs[way]])
