@@ -1,0 +1,212 @@
+"""Random sweeps, written as the Flax docs write a step (a Linen ``TrainState``, optax's SGD with
+momentum baked in), under a random policy, K steps per call, evaluations, checkpoints and
+controls (pause, pause with offload, resume, priority, cancel) from another thread: every job
+that was not cancelled ends in the plain ``jax.jit`` loop's state bit for bit, and its observer
+sees every step once, in order, with the plain loop's metrics bit for bit. Fused sweeps (within
+tolerance of the unfused job: docs/explanation/numerics.md) see every step once, in order, close
+to the plain loop's.
+
+The interleaving differs from run to run (the controls race the dispatcher); what is asserted
+holds for every interleaving. A few seeds run by default; ``-m slow`` runs many more.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax.training import train_state
+
+import xshare
+
+_rng = np.random.default_rng(1)
+BATCHES = [{"x": _rng.normal(size=(16, 12)).astype(np.float32),
+            "y": _rng.integers(0, 4, size=(16,)).astype(np.int32)} for _ in range(24)]
+EVAL = BATCHES[:2]
+POLICIES = xshare.POLICIES
+
+
+class Net(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(4)(nn.tanh(nn.Dense(24)(x)))
+
+
+NET = Net()
+TX = optax.sgd(0.05, momentum=0.9)
+
+
+def initial_state(seed: int):
+    params = NET.init(jax.random.key(seed), jnp.ones((1, 12)))["params"]
+    return train_state.TrainState.create(apply_fn=NET.apply, params=params, tx=TX)
+
+
+def train_step(state, batch):
+    def loss_fn(params):
+        logits = state.apply_fn({"params": params}, batch["x"])
+        return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
+
+    loss, grads = jax.value_and_grad(loss_fn)(state.params)
+    return state.apply_gradients(grads=grads), {"loss": loss}
+
+
+def eval_step(state, batch):
+    logits = state.apply_fn({"params": state.params}, batch["x"])
+    return {"accuracy": (logits.argmax(-1) == batch["y"]).mean()}
+
+
+def data(seed: int):
+    return lambda k: BATCHES[(k + 5 * seed) % len(BATCHES)]
+
+
+_PLAIN = jax.jit(train_step, donate_argnums=0)
+
+
+def plain_loop(seed: int, steps: int) -> tuple:
+    state = jax.tree.map(lambda x: jnp.array(x, copy=True), initial_state(seed))
+    losses = []
+    for k in range(steps):
+        state, metrics = _PLAIN(state, data(seed)(k))
+        losses.append(np.asarray(metrics["loss"]))
+    return jax.device_get(state), losses
+
+
+def warm(k: int) -> None:
+    """Build and check the program's K-step form in this process (at most three runs of one long
+    job: the first compiles the form in the background, a later one checks and keeps it), so
+    the sweep's jobs adopt it from their first turn and the sweep runs K steps per call."""
+    for _ in range(3):
+        with xshare.Runtime(memory="256MiB", steps_per_call=k) as rt:
+            handle = rt.submit(xshare.job(train_step, name="net").bind(initial_state(0), data(0), steps=400))
+            rt.wait()
+            rt._tier_pool.shutdown(wait=True)  # (close does not wait for background compiles)
+        if handle._rec.tier is not None and handle._rec.tier.steps_at.get(k):
+            return
+
+
+def sweep(seed: int, tmp_path, *, fuse: bool = False, policy: str | None = None, k: int | str | None = None,
+          checkpoints: bool | None = None) -> dict:
+    """A random sweep (from ``seed``; ``policy``, ``k`` and ``checkpoints`` fix those choices);
+    returns what each job saw, its result, the K-step calls its jobs made and what it was."""
+    r = random.Random(seed)
+    kw: dict = {"policy": r.choice(POLICIES), "memory": "256MiB",
+                "steps_per_call": r.choice([2, 4, 8, 16, "auto"])}
+    kw.update({key: v for key, v in (("policy", policy), ("steps_per_call", k)) if v is not None})
+    if fuse:
+        kw["fuse"] = True
+    if r.random() < 0.3:
+        kw["dispatch_ahead"] = r.randint(0, 4)
+    if r.random() < 0.3 if checkpoints is None else checkpoints:
+        kw.update(checkpoint_dir=tmp_path, checkpoint_every=r.randint(5, 60))
+    jobs = []
+    for i in range(r.randint(2, 6)):
+        steps = r.choice([r.randint(1, 20), r.randint(20, 150), r.randint(150, 300)])
+        every = r.choice([None, r.randint(1, 30), r.randint(30, 120)])
+        jobs.append({"seed": seed * 10 + i, "steps": steps, "every": every, "priority": r.randint(-2, 2),
+                     "iterable": r.random() < 0.3, "wave": r.randint(0, 2)})
+    seen: dict[int, list] = {i: [] for i in range(len(jobs))}
+
+    def observer(i):
+        def record(step, metrics, t_done):
+            seen[i].append((step, np.asarray(metrics["loss"])))
+        return record
+
+    step = xshare.job(train_step, name="net")
+    specs = [step.bind(initial_state(j["seed"]), _batches(j) if j["iterable"] else data(j["seed"]),
+                       steps=j["steps"], name=f"j{i}",
+                       priority=j["priority"], observer=observer(i),
+                       **({"eval_step": eval_step, "eval_data": EVAL, "eval_every": j["every"]}
+                          if j["every"] is not None else {}))
+             for i, j in enumerate(jobs)]
+    cancelled: set[str] = set()
+    with xshare.Runtime(**kw) as rt:
+        handles: list = [None] * len(specs)
+        for wave in range(3):  # later waves arrive while the earlier ones run
+            indices = [i for i, j in enumerate(jobs) if j["wave"] == wave]
+            for i, handle in zip(indices, rt.submit_many([specs[i] for i in indices])):
+                handles[i] = handle
+            time.sleep(r.uniform(0, 0.02))
+        chaos = threading.Thread(target=_controls, args=(rt, handles, random.Random(seed + 1), cancelled))
+        chaos.start()
+        chaos.join()
+        assert rt.wait(timeout=300), rt.snapshot()
+        results = {i: h.result(timeout=60) for i, h in enumerate(handles) if h.name not in cancelled}
+    multi = sum(n for h in handles if h._rec.tier is not None for kk, n in h._rec.tier.steps_at.items() if kk > 1)
+    return {"kw": kw, "jobs": jobs, "seen": seen, "results": results, "multi_steps": multi}
+
+
+def _batches(job: dict) -> list:
+    """The job's batches as a list (data given as an iterable, not a function of the step)."""
+    return [data(job["seed"])(k) for k in range(job["steps"])]
+
+
+def _controls(rt, handles, r: random.Random, cancelled: set) -> None:
+    """Up to 30 random controls while the jobs run, then every job resumed."""
+    for _ in range(r.randint(0, 30)):
+        handle = r.choice(handles)
+        what = r.choices(["pause", "offload", "resume", "priority", "cancel"], [30, 10, 40, 15, 5])[0]
+        try:
+            if what == "pause":
+                rt.pause(handle)
+            elif what == "offload":
+                rt.pause(handle, offload=True)
+            elif what == "resume":
+                rt.resume(handle)
+            elif what == "priority":
+                rt.set_priority(handle, r.randint(-5, 5))
+            else:
+                cancelled.add(handle.name)  # (before: its result is not waited for either way)
+                rt.cancel(handle)
+        except xshare.XShareError:
+            pass  # it ended meanwhile: a fair race
+        time.sleep(r.uniform(0.0005, 0.01))
+    for handle in handles:
+        try:
+            rt.resume(handle)
+        except xshare.XShareError:
+            pass
+
+
+def check(run: dict, *, exact: bool) -> None:
+    for i, job in enumerate(run["jobs"]):
+        if i not in run["results"]:
+            continue  # cancelled
+        state, losses = plain_loop(job["seed"], job["steps"])
+        steps = [k for k, _ in run["seen"][i]]
+        where = f"job {i} {job} under {run['kw']}"
+        assert steps == list(range(job["steps"])), f"{where}: the observer saw steps {steps[:8]}..."
+        got = [loss for _, loss in run["seen"][i]]
+        if exact:
+            bad = [k for k in range(job["steps"]) if not np.array_equal(got[k], losses[k])]
+            assert not bad, f"{where}: losses differ from the plain loop's at steps {bad[:8]}"
+            for x, y in zip(jax.tree.leaves(run["results"][i][0]), jax.tree.leaves(state)):
+                np.testing.assert_array_equal(np.asarray(x), np.asarray(y), err_msg=where)
+        else:
+            np.testing.assert_allclose(np.array(got), np.array(losses), rtol=1e-3, atol=1e-5, err_msg=where)
+
+
+@pytest.mark.parametrize("policy,k,checkpoints", [("fifo", 4, False), ("pack", 8, True), ("srtf", 4, False),
+                                                 ("fair", 16, False), ("priority", 2, True)])
+def test_a_random_sweep_at_k_steps_per_call_under_random_controls_matches_the_plain_loop_step_by_step(
+        policy, k, checkpoints, tmp_path):
+    warm(k)
+    run = sweep(POLICIES.index(policy), tmp_path, policy=policy, k=k, checkpoints=checkpoints)
+    check(run, exact=True)
+    assert run["multi_steps"] > 0, run  # (what this test is for: steps run K per call)
+
+
+def test_a_random_fused_sweep_sees_every_step_once_close_to_the_plain_loop(tmp_path):
+    check(sweep(7, tmp_path, fuse=True), exact=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(100, 130))
+def test_many_random_sweeps_match_the_plain_loop_step_by_step(seed, tmp_path):
+    check(sweep(seed, tmp_path, fuse=seed % 3 == 0), exact=seed % 3 != 0)
