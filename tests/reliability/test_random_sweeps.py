@@ -12,6 +12,7 @@ holds for every interleaving. A few seeds run by default; ``-m slow`` runs many 
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 import time
@@ -67,15 +68,20 @@ def data(seed: int):
 
 
 _PLAIN = jax.jit(train_step, donate_argnums=0)
+_EVAL = jax.jit(eval_step)
 
 
-def plain_loop(seed: int, steps: int) -> tuple:
+def plain_loop(seed: int, steps: int, every: int | None = None) -> tuple:
+    """The final state, every step's loss and ``{step: mean accuracy}`` after each evaluation
+    (every ``every`` steps and after the last; steps counted from 0, as the metrics rows)."""
     state = jax.tree.map(lambda x: jnp.array(x, copy=True), initial_state(seed))
-    losses = []
+    losses, evals = [], {}
     for k in range(steps):
         state, metrics = _PLAIN(state, data(seed)(k))
         losses.append(np.asarray(metrics["loss"]))
-    return jax.device_get(state), losses
+        if every is not None and ((k + 1) % every == 0 or k + 1 == steps):
+            evals[k] = float(np.mean([float(_EVAL(state, b)["accuracy"]) for b in EVAL]))
+    return jax.device_get(state), losses, evals
 
 
 def warm(k: int) -> None:
@@ -96,7 +102,7 @@ def sweep(seed: int, tmp_path, *, fuse: bool = False, policy: str | None = None,
     """A random sweep (from ``seed``; ``policy``, ``k`` and ``checkpoints`` fix those choices);
     returns what each job saw, its result, the K-step calls its jobs made and what it was."""
     r = random.Random(seed)
-    kw: dict = {"policy": r.choice(POLICIES), "memory": "256MiB",
+    kw: dict = {"policy": r.choice(POLICIES), "memory": "256MiB", "log_dir": tmp_path / "logs",
                 "steps_per_call": r.choice([2, 4, 8, 16, "auto"])}
     kw.update({key: v for key, v in (("policy", policy), ("steps_per_call", k)) if v is not None})
     if fuse:
@@ -178,7 +184,7 @@ def check(run: dict, *, exact: bool) -> None:
     for i, job in enumerate(run["jobs"]):
         if i not in run["results"]:
             continue  # cancelled
-        state, losses = plain_loop(job["seed"], job["steps"])
+        state, losses, evals = plain_loop(job["seed"], job["steps"], job["every"])
         steps = [k for k, _ in run["seen"][i]]
         where = f"job {i} {job} under {run['kw']}"
         assert steps == list(range(job["steps"])), f"{where}: the observer saw steps {steps[:8]}..."
@@ -188,6 +194,9 @@ def check(run: dict, *, exact: bool) -> None:
             assert not bad, f"{where}: losses differ from the plain loop's at steps {bad[:8]}"
             for x, y in zip(jax.tree.leaves(run["results"][i][0]), jax.tree.leaves(state)):
                 np.testing.assert_array_equal(np.asarray(x), np.asarray(y), err_msg=where)
+            rows = [json.loads(line) for line in (run["kw"]["log_dir"] / f"j{i}" / "metrics.jsonl").read_text().splitlines()]
+            got_evals = {row["step"]: row["eval/accuracy"] for row in rows if "eval/accuracy" in row}
+            assert got_evals == pytest.approx(evals, rel=1e-6), f"{where}: evaluations differ"
         else:
             np.testing.assert_allclose(np.array(got), np.array(losses), rtol=1e-3, atol=1e-5, err_msg=where)
 
