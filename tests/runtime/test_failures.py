@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import jax
@@ -168,6 +169,45 @@ def test_nan_policy_fail_stops_the_job_with_the_metric_named():
     h = _run_with(nan_at_3.bind(linreg_state(), linreg_data(), steps=STEPS, name="nan", nan_policy="fail"))
     assert h.status() == "failed"
     assert h.error == "non-finite metric loss=nan at step 3 (nan_policy='fail')"
+
+
+@pytest.mark.parametrize("how", ["nan", "observer", "on_metrics"])
+@pytest.mark.parametrize("dispatch_ahead", [None, 8])
+def test_a_step_whose_own_metrics_fail_the_job_is_its_last_no_step_in_flight_behind_it_counts(how, dispatch_ahead):
+    """The job fails at step 20 (a non-finite loss under nan_policy="fail", its observer or its
+    on_metrics hook raising there); the steps dispatched behind it (later calls of its pipeline, later rows of
+    its runs) completed on the device, but a plain loop that checked each step stopped at 20:
+    none of them is observed, logged or counted."""
+    @xshare.job
+    def nan_at_20(state, batch):
+        new_state, m = linreg_step.fn(state, batch)
+        return new_state, {"loss": jnp.where(state["n"] == 20, jnp.nan, m["loss"])}
+
+    seen: list[int] = []
+
+    def observer(step, metrics, t_done):
+        seen.append(step)
+        if how == "observer" and step == 20:
+            raise ValueError("stop here")
+
+    def on_metrics(steps_done, metrics):
+        if steps_done == 21:
+            raise ValueError("stop here")
+
+    step = nan_at_20 if how == "nan" else linreg_step
+    spec = step.bind(linreg_state(), linreg_data(), steps=400, name="bad", observer=observer,
+                     nan_policy="fail" if how == "nan" else "ignore")
+    if how == "on_metrics":  # (a field xshare.tune sets: a study's pruner acts on the metrics)
+        spec = dataclasses.replace(spec, on_metrics=on_metrics)
+    with xshare.Runtime(policy="fifo", memory="256MiB", dispatch_ahead=dispatch_ahead) as rt:
+        handle = rt.submit(spec)
+        rt.wait()
+    assert handle.status() == "failed"
+    assert handle.error == {"nan": "non-finite metric loss=nan at step 20 (nan_policy='fail')",
+                            "observer": "its observer raised at step 20: ValueError: stop here",
+                            "on_metrics": "its on_metrics hook raised after step 21: ValueError: stop here"}[how]
+    assert seen == list(range(21))
+    assert handle.progress().steps_done == 21
 
 
 def test_step_that_fails_to_trace_fails_alone_at_submit():

@@ -224,7 +224,8 @@ def notify(d: Host, job: Any, steps_done: int, metrics: dict) -> None:
     try:
         stop = fn(steps_done, metrics)
     except Exception as err:  # noqa: BLE001 - its failure fails the job
-        d.life.fail(job, f"its on_metrics hook raised after step {steps_done}: {short_error(err)}", err)
+        d.life.fail(job, f"its on_metrics hook raised after step {steps_done}: {short_error(err)}", err,
+                    at_step=steps_done - 1)
         return
     if stop:
         d.cancel_soon(job)

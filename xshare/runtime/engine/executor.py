@@ -380,14 +380,10 @@ class Executor:
         """Account the rows (k, capacity, metrics) of k group steps that completed."""
         k = len(rows)
         finite = np.isfinite(rows).all(axis=2)  # once for the group, not once per member
-        # A member that failed after the call was dispatched (its data, later) keeps the call's
-        # steps; one that fails at a row of it (nan_policy="fail") keeps none after that row.
-        before = {slot: job.error for slot, (job, _) in steps.items()}
         for i in range(k):
             t_i = t + (t_end - t) * (i + 1) // k if k > 1 else t_end
             for slot, (job, step) in steps.items():
-                if job.error is before[slot]:
-                    self.retired(job, step + i, rows[i][slot], t_i, finite=bool(finite[i][slot]))
+                self.retired(job, step + i, rows[i][slot], t_i, finite=bool(finite[i][slot]))
             if self.ring is None:
                 self.timeline.host_step(group, t + (t_end - t) * i // k, t_i)
 
@@ -406,10 +402,7 @@ class Executor:
         """The K rows of one K-step call, one per step, as if each had retired alone (host times
         split evenly over the call: the fences time each inner step themselves)."""
         k = len(values)
-        before = job.error  # (a failure after the call was dispatched: its steps still ran)
         for i in range(k):
-            if job.error is not before:
-                break  # (nan_policy="fail" at an earlier row: the later rows are not its steps)
             t_i = t + (t_end - t) * (i + 1) // k
             self.retired(job, step + i, values[i], t_i)
             if self.ring is None:
@@ -419,7 +412,13 @@ class Executor:
                 finite: bool | None = None) -> None:
         """Account one completed step of ``job`` with its metrics vector."""
         # A step that completed counts even if the job failed after it was dispatched (a
-        # later batch was bad): its work is real and its metrics are logged.
+        # later batch was bad): its work is real and its metrics are logged. But not a step
+        # after the one whose own metrics failed it (nan_policy="fail", its observer or
+        # on_metrics raising: ``Lifecycle.fail``'s ``at_step``): those were in flight behind
+        # it (a later row of its K-step or group call, a later call of its pipeline), and a
+        # plain loop that checked each step would have stopped there.
+        if job.failed_at is not None and step > job.failed_at:
+            return
         job.steps_done += 1
         job.last_values = values
         spec = job.spec
@@ -440,7 +439,7 @@ class Executor:
             metrics = job.last_metrics or {}
             bad = [k for k, v in metrics.items() if not np.isfinite(v)]
             self.life.fail(job, f"non-finite metric {bad[0]}={metrics[bad[0]]} at step {step} "
-                                "(nan_policy='fail')")
+                                "(nan_policy='fail')", at_step=step)
 
     def drain(self) -> None:
         """Retire every step in flight."""
@@ -455,7 +454,7 @@ class Executor:
             extra = observer(step, metrics, t_end_ns / 1e9)
             job.extra_metrics = {k: float(v) for k, v in (extra or {}).items()} or None
         except Exception as err:  # noqa: BLE001 - its failure fails the job
-            self.life.fail(job, f"its observer raised at step {step}: {short_error(err)}", err)
+            self.life.fail(job, f"its observer raised at step {step}: {short_error(err)}", err, at_step=step)
 
 
 def completed_calls(vec: Any, k: int, err: Exception) -> tuple[list, Exception, int]:

@@ -54,11 +54,15 @@ class Lifecycle:
         elif job.steps_left == 0 and job.state in (S.RUNNING, S.PAUSED) and job.id not in self.units.evaluating:
             self.finish(job)
 
-    def fail(self, job: Any, cause: str, err: BaseException | None = None) -> None:
-        """Record a failure; the job ends once its in-flight steps have retired (``settle``)."""
+    def fail(self, job: Any, cause: str, err: BaseException | None = None, *, at_step: int | None = None) -> None:
+        """Record a failure; the job ends once its in-flight steps have retired (``settle``).
+        ``at_step``: the step whose own metrics failed it (a non-finite one under
+        ``nan_policy="fail"``, its observer or ``on_metrics`` hook raising): the steps after it
+        that were in flight then are not the job's (``Executor.retired`` drops their rows). A
+        failure with no step (its data, a call that raised) keeps every step that completed."""
         if job.error is not None or job.terminal:
             return
-        job.error, job.exception = cause, err
+        job.error, job.exception, job.failed_at = cause, err, at_step
         log.warning("job %r failed: %s", job.name, cause)
         self.recorder.line(job, f"FAILED: {cause}")
         if err is not None:

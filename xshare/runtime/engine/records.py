@@ -172,6 +172,7 @@ class JobRecord:
     # Results and timing.
     error: str | None = None
     exception: BaseException | None = None
+    failed_at: int | None = None          # the step whose metrics failed it (Lifecycle.fail): none after it counts
     last_values: Any = None               # the newest metrics vector (numpy), names in program
     extra_metrics: dict[str, float] | None = None  # an observer's additions to the last step
     restored_metrics: dict[str, float] | None = None
