@@ -257,3 +257,47 @@ def test_jobs_whose_data_raises_or_turns_a_loss_nan_fail_at_that_step_alone(fuse
 @pytest.mark.parametrize("seed", range(100, 130))
 def test_many_random_sweeps_match_the_plain_loop_step_by_step(seed, tmp_path):
     check(sweep(seed, tmp_path, fuse=seed % 3 == 0, failures=seed % 2 == 0), exact=seed % 3 != 0)
+
+
+def stopped_and_resumed(seed: int, tmp_path) -> None:
+    """A random sweep stopped (``stop(checkpoint=True)``) at a random moment, then resumed in a
+    new Runtime (``resume=True``): every job ends in the plain loop's state bit for bit."""
+    r = random.Random(seed)
+    kw = {"policy": r.choice(POLICIES), "memory": "256MiB", "steps_per_call": r.choice([2, 4, 8, 16, "auto"]),
+          "checkpoint_dir": tmp_path}
+    if r.random() < 0.5:
+        kw["checkpoint_every"] = r.randint(5, 100)
+    jobs = [{"seed": seed * 10 + i, "steps": r.randint(1, 1500), "every": r.choice([None, r.randint(5, 200)])}
+            for i in range(r.randint(1, 5))]
+    step = xshare.job(train_step, name="net")
+
+    def specs():
+        return [step.bind(initial_state(j["seed"]), data(j["seed"]), steps=j["steps"], name=f"j{i}",
+                          **({"eval_step": eval_step, "eval_data": EVAL, "eval_every": j["every"]}
+                             if j["every"] is not None else {}))
+                for i, j in enumerate(jobs)]
+
+    with xshare.Runtime(**kw) as rt:
+        handles = rt.submit_many(specs())
+        time.sleep(r.uniform(0, 0.3))
+        assert rt.stop(checkpoint=True) == []
+        first = [(h.status(), h.progress().steps_done) for h in handles]
+    with xshare.Runtime(**kw, resume=True) as rt:
+        handles = rt.submit_many(specs())
+        assert rt.wait(timeout=300)
+        for i, (job, handle) in enumerate(zip(jobs, handles)):
+            state, _, _ = plain_loop(job["seed"], job["steps"])
+            where = f"job {i} {job} under {kw}, stopped at {first[i]}"
+            for x, y in zip(jax.tree.leaves(handle.result(timeout=60)[0]), jax.tree.leaves(state)):
+                np.testing.assert_array_equal(np.asarray(x), np.asarray(y), err_msg=where)
+
+
+def test_a_random_sweep_stopped_and_resumed_ends_in_the_plain_loops_state(tmp_path):
+    warm(8)
+    stopped_and_resumed(4, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(200, 215))
+def test_many_random_sweeps_stopped_and_resumed_end_in_the_plain_loops_state(seed, tmp_path):
+    stopped_and_resumed(seed, tmp_path)
