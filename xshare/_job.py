@@ -47,7 +47,9 @@ class JobSpec:
     eval_every: int | None = None
     # Called on the dispatcher thread with ``(steps_done, metrics)`` after each step retires and
     # after each evaluation (``eval/<name>`` keys); returning True cancels the job at that step
-    # boundary. Must be cheap: ``xshare.tune`` uses it to report and prune trials.
+    # boundary: nothing is dispatched after it (the calls already in flight behind that step
+    # still run and count). Must be cheap: ``xshare.tune`` uses it to report and prune trials.
+    # Raising fails the job at that step (no step after it counts).
     on_metrics: Callable[[int, Mapping[str, float]], bool | None] | None = None
     # The steps whose metrics ``on_metrics`` acts on (a study reports every N steps): the runtime
     # may run several steps per call (docs/explanation/multi-step.md) but never past one of them,
