@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from xshare.bench import harness as h
+from xshare.bench.chaos import random_controls
 
 LRS = (1e-3, 3e-3)
 
@@ -59,31 +60,8 @@ def _equal(a, b) -> bool:
 
 def _chaos(rt, handles, stop: threading.Event, rng: random.Random, counts: dict) -> None:
     """Random controls until ``stop``; then every job it paused is resumed."""
-    from xshare import XShareError
-
-    while not stop.is_set():
-        hd = rng.choice(handles)
-        what = rng.choices(["pause", "offload", "resume", "priority", "cancel"], [30, 15, 40, 12, 3])[0]
-        try:
-            if what == "pause":
-                rt.pause(hd)
-            elif what == "offload":
-                rt.pause(hd, offload=True)
-            elif what == "resume":
-                rt.resume(hd)
-            elif what == "priority":
-                rt.set_priority(hd, rng.randint(-5, 5))
-            else:
-                rt.cancel(hd)
-            counts[what] = counts.get(what, 0) + 1
-        except XShareError:  # the job ended meanwhile: a fair race
-            counts["refused"] = counts.get("refused", 0) + 1
-        time.sleep(rng.uniform(0.0, 0.01))
-    for hd in handles:
-        try:
-            rt.resume(hd)
-        except XShareError:
-            pass
+    random_controls(rt, handles, rng, weights=(30, 15, 40, 12, 3), keep_going=lambda: not stop.is_set(),
+                    counts=counts)
 
 
 TRANSIENT = ("xshare-keep-executable", "xshare-compile-group", "xshare-compile-eval", "xshare-compile-moves")

@@ -115,3 +115,20 @@ def sigint_as_in_a_terminal() -> None:
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def run_until_k_steps(k, make, **kw):
+    """Run ``make()`` in a fresh Runtime(**kw) until a run had calls of ``k`` steps (the first
+    compiles the K-step program in the background; a later one checks and adopts it). At most
+    three runs; returns the last run's handle."""
+    root = kw.pop("log_root", None)
+    for i in range(3):
+        if root is not None:  # each run its own run directory (a job's rows append to its file)
+            kw["log_dir"] = root / f"run{i}"
+        with xshare.Runtime(**kw) as rt:
+            handle = rt.submit(make())
+            rt.wait()
+            rt._tier_pool.shutdown(wait=True)  # (close does not wait for background compiles)
+        if handle._rec.tier is not None and handle._rec.tier.steps_at.get(k):
+            break
+    return handle

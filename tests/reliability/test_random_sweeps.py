@@ -28,6 +28,8 @@ import pytest
 from flax.training import train_state
 
 import xshare
+from xshare.bench.chaos import random_controls
+from tests.helpers import run_until_k_steps
 
 _rng = np.random.default_rng(1)
 BATCHES = [{"x": _rng.normal(size=(16, 12)).astype(np.float32),
@@ -87,16 +89,10 @@ def plain_loop(seed: int, steps: int, every: int | None = None) -> tuple:
 
 
 def warm(k: int) -> None:
-    """Build and check the program's K-step form in this process (at most three runs of one long
-    job: the first compiles the form in the background, a later one checks and keeps it), so
-    the sweep's jobs adopt it from their first turn and the sweep runs K steps per call."""
-    for _ in range(3):
-        with xshare.Runtime(memory="256MiB", steps_per_call=k) as rt:
-            handle = rt.submit(xshare.job(train_step, name="net").bind(initial_state(0), data(0), steps=400))
-            rt.wait()
-            rt._tier_pool.shutdown(wait=True)  # (close does not wait for background compiles)
-        if handle._rec.tier is not None and handle._rec.tier.steps_at.get(k):
-            return
+    """Build and check the program's K-step form in this process (``run_until_k_steps``), so the
+    sweep's jobs adopt it from their first turn and the sweep runs K steps per call."""
+    run_until_k_steps(k, lambda: xshare.job(train_step, name="net").bind(initial_state(0), data(0), steps=400),
+                      memory="256MiB", steps_per_call=k)
 
 
 def sweep(seed: int, tmp_path, *, fuse: bool = False, policy: str | None = None, k: int | str | None = None,
@@ -177,29 +173,9 @@ def _batches(job: dict) -> list:
 
 def _controls(rt, handles, r: random.Random, cancelled: set) -> None:
     """Up to 30 random controls while the jobs run, then every job resumed."""
-    for _ in range(r.randint(0, 30)):
-        handle = r.choice(handles)
-        what = r.choices(["pause", "offload", "resume", "priority", "cancel"], [30, 10, 40, 15, 5])[0]
-        try:
-            if what == "pause":
-                rt.pause(handle)
-            elif what == "offload":
-                rt.pause(handle, offload=True)
-            elif what == "resume":
-                rt.resume(handle)
-            elif what == "priority":
-                rt.set_priority(handle, r.randint(-5, 5))
-            else:
-                cancelled.add(handle.name)  # (before: its result is not waited for either way)
-                rt.cancel(handle)
-        except xshare.XShareError:
-            pass  # it ended meanwhile: a fair race
-        time.sleep(r.uniform(0.0005, 0.01))
-    for handle in handles:
-        try:
-            rt.resume(handle)
-        except xshare.XShareError:
-            pass
+    budget = iter(range(r.randint(0, 30)))
+    random_controls(rt, handles, r, weights=(30, 10, 40, 15, 5), keep_going=lambda: next(budget, None) is not None,
+                    sleep_s=(0.0005, 0.01), cancelled=cancelled)
 
 
 def check(run: dict, *, exact: bool) -> None:

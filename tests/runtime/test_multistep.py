@@ -17,7 +17,8 @@ import xshare
 from xshare.models import cnn, digits, mlp, transformer
 from xshare.runtime.compiled import multistep
 from xshare.runtime.compiled.multistep import FORMS, Form
-from tests.helpers import assert_trees_equal, linreg_data, linreg_state, linreg_step, plain_loop
+from tests.helpers import (assert_trees_equal, linreg_data, linreg_state, linreg_step, plain_loop,
+                           run_until_k_steps)
 from tests.users.harness import MULTI_STEPS, check_multistep
 
 SLOW = pytest.mark.slow  # compiles of convolutions, attention and a K-step scan of them: ~20 s each
@@ -39,23 +40,6 @@ def test_every_zoo_model_bit_identical_at_k_steps_per_call_under_every_policy(mo
     check_multistep(make, ref_state, (lambda objects: nnx.state(objects)) if nnx_job else (lambda s: s))
 
 
-def _run_until(k, make, **kw):
-    """Run ``make()`` in a fresh Runtime(**kw) until a run had calls of ``k`` steps (the first
-    compiles the K-step program in the background; a later one checks and adopts it). At most
-    three runs; returns the last run's handle."""
-    root = kw.pop("log_root", None)
-    for i in range(3):
-        if root is not None:  # each run its own run directory (a job's rows append to its file)
-            kw["log_dir"] = root / f"run{i}"
-        with xshare.Runtime(**kw) as rt:
-            handle = rt.submit(make())
-            rt.wait()
-            rt._tier_pool.shutdown(wait=True)  # (close does not wait for background compiles)
-        if handle._rec.tier is not None and handle._rec.tier.steps_at.get(k):
-            break
-    return handle
-
-
 def _rows(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
@@ -67,7 +51,7 @@ def test_every_steps_metrics_row_and_the_final_state_match_the_plain_loop(tmp_pa
     def make():
         return linreg_step.bind(linreg_state(seed=5), linreg_data(seed=5), steps=steps, name="lin")
 
-    handle = _run_until(8, make, memory="256MiB", steps_per_call=8, log_root=tmp_path)
+    handle = run_until_k_steps(8, make, memory="256MiB", steps_per_call=8, log_root=tmp_path)
     tier = handle._rec.tier
     assert tier.steps_at.get(8, 0) >= 16, tier.steps_at
     assert_trees_equal(handle.result()[0], plain_loop(make())[0])
@@ -206,7 +190,7 @@ def test_k_never_passes_a_checkpoint(tmp_path):
     def make():
         return linreg_step.bind(linreg_state(seed=2), linreg_data(seed=2), steps=48, name="c")
 
-    handle = _run_until(4, make, memory="256MiB", steps_per_call=16, checkpoint_dir=tmp_path,
+    handle = run_until_k_steps(4, make, memory="256MiB", steps_per_call=16, checkpoint_dir=tmp_path,
                         checkpoint_every=6)
     tier = handle._rec.tier
     assert set(tier.steps_at) <= {1, 4} and tier.steps_at.get(4, 0) > 0, tier.steps_at
@@ -280,7 +264,7 @@ def test_under_srtf_the_k_step_form_fits_the_time_a_call_may_take(monkeypatch):
 
     # (steps_per_call=16: the tiers compile at once, without weighing the compile; before
     # this bound they compiled K=16, which no call here could run)
-    handle = _run_until(4, make, memory="256MiB", policy="srtf", steps_per_call=16)
+    handle = run_until_k_steps(4, make, memory="256MiB", policy="srtf", steps_per_call=16)
     steps_at = handle._rec.tier.steps_at
     assert steps_at.get(4) and set(steps_at) <= {1, 4}, (steps_at, handle._rec.tier)
     assert_trees_equal(handle.result()[0], plain_loop(make())[0])
@@ -542,7 +526,7 @@ def test_a_job_on_its_k_step_form_never_donates_the_users_arrays_in_its_single_s
     def make():
         return shift_step.bind({"w": np.zeros(4, np.float32)}, lambda step: batch, steps=35, name="shift")
 
-    handle = _run_until(4, make, memory="256MiB", steps_per_call=4)
+    handle = run_until_k_steps(4, make, memory="256MiB", steps_per_call=4)
     assert handle._rec.tier.steps_at.get(4, 0) >= 8 and handle._rec.tier.steps_at.get(1, 0) >= 3, \
         handle._rec.tier.steps_at
     assert not x.is_deleted()
@@ -557,7 +541,7 @@ def test_a_job_whose_program_has_a_checked_and_built_form_runs_it_from_its_first
     def make():
         return linreg_step.bind(linreg_state(dim=5, seed=7), linreg_data(dim=5, seed=7), steps=64, name="again")
 
-    first = _run_until(8, make, memory="256MiB", steps_per_call=8)
+    first = run_until_k_steps(8, make, memory="256MiB", steps_per_call=8)
     assert first._rec.tier.steps_at.get(8), first._rec.tier.steps_at
     with xshare.Runtime(memory="256MiB", steps_per_call=8) as rt:
         handle = rt.submit(make())
