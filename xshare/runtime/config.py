@@ -42,6 +42,7 @@ class RuntimeConfig:
     checkpoint_every: int | None = None
     checkpoint_keep: int = 3
     resume: bool = False
+    keep_results: bool = True             # False: a done job's final state lives in its final checkpoint only
     fuse: bool = False
     # fuse=True: groups open where fusing pays and dissolve where it was measured not to
     # (compiled/payoff.py); fuse="always": every group opens and stays (no measuring).
@@ -65,7 +66,7 @@ class RuntimeConfig:
            dispatch_ahead: int | None = None, compile_workers: int = 1,
            log_dir: str | os.PathLike | None = None, checkpoint_dir: str | os.PathLike | None = None,
            checkpoint_every: int | None = None, checkpoint_keep: int = 3, resume: bool = False,
-           fuse: bool | str = False, group_capacity: int | None = None, steps_per_call: int | str = "auto",
+           keep_results: bool = True, fuse: bool | str = False, group_capacity: int | None = None, steps_per_call: int | str = "auto",
            steps_per_call_rtol: float | None = None, writers: Sequence[Any] = (),
            debug_ownership: bool = False, parallel_lanes: bool = True) -> "RuntimeConfig":
         """Check ``Runtime``'s arguments and derive what they imply (``policy``: the resolved
@@ -109,13 +110,20 @@ class RuntimeConfig:
         # An explicit checkpoint_dir means checkpoints at each job's end and on stop() even
         # without checkpoint_every (launch --checkpoint-every 0: "only on exit").
         keeps = ckpt is not None and (checkpoint_every or resume or checkpoint_dir is not None)
+        if not isinstance(keep_results, bool):
+            raise ValueError(f"keep_results={keep_results!r} must be True (each done job's final state "
+                             "stays in memory for result()) or False (it stays in its final checkpoint only)")
+        if not keep_results and not keeps:
+            raise ValueError("keep_results=False needs a checkpoint_dir: a done job's final state is then "
+                             "kept only in its final checkpoint there, and result() reads it back; pass "
+                             "checkpoint_dir=..., or keep_results=True")
         return cls(quantum=quantum, slots=slots, prefetch=prefetch, dispatch_ahead=dispatch_ahead,
                    group_ahead=dispatch_ahead if group_ahead is None else group_ahead,
                    compile_workers=compile_workers,
                    log_dir=Path(log_dir) if log_dir is not None else None,
                    checkpoint_dir=Path(ckpt) if keeps and ckpt is not None else None,
                    checkpoint_every=checkpoint_every, checkpoint_keep=checkpoint_keep, resume=resume,
-                   fuse=bool(fuse), fuse_measured=fuse is True, group_capacity=group_capacity if fuse else None,
+                   keep_results=keep_results, fuse=bool(fuse), fuse_measured=fuse is True, group_capacity=group_capacity if fuse else None,
                    steps_per_call=_steps_per_call(steps_per_call), steps_forced=steps_per_call != "auto",
                    steps_rtol=None if steps_per_call_rtol is None else float(steps_per_call_rtol),
                    preemptive=preemptive, debug_ownership=debug_ownership,

@@ -60,7 +60,8 @@ class JobHandle:
     def result(self, timeout: float | None = None) -> tuple[Any, dict[str, float] | None]:
         """Wait for the job to end and return ``(final state, last metrics)``.
 
-        The state is on the host (numpy arrays). A spec with a ``result_transform``
+        The state is on the host (numpy arrays); under ``Runtime(keep_results=False)`` it is
+        read back from the job's final checkpoint. A spec with a ``result_transform``
         (``xshare.nnx`` jobs) gets it applied: an NNX job's result is ``(new NNX objects,
         metrics)``, new objects on every call.
 
@@ -75,6 +76,7 @@ class JobHandle:
           AdmissionError: the job can never fit in the arena (with the numbers).
           JobCancelled: the job was cancelled before it finished.
           TimeoutError: it did not end within ``timeout``.
+          XShareError: ``keep_results=False`` and the job's final checkpoint is gone.
         """
         if not self.wait(timeout):
             raise TimeoutError(f"job {self.name!r} still {self.status()} after {timeout} s")
@@ -86,8 +88,10 @@ class JobHandle:
         if rec.state is JobState.CANCELLED:
             raise JobCancelled(f"job {self.name!r} was cancelled at step {rec.spec.start_step + rec.steps_done}")
         transform = rec.spec.result_transform
-        state = rec.host_state if transform is None else transform(rec.host_state)
-        return state, rec.last_metrics
+        state = rec.host_state
+        if state is None and rec.on_disk is not None:  # (in this order: observe/released.py)
+            state = rec.on_disk.load(self.name)  # keep_results=False: from its final checkpoint
+        return (state if transform is None else transform(state)), rec.last_metrics
 
     def pause(self, *, offload: bool = False) -> None:
         """``Runtime.pause`` of this job."""

@@ -16,7 +16,7 @@ import threading
 from typing import Any
 
 from ..sched.capacity import open_capacity, opens_alone
-from .observe import checkpoint
+from .observe import checkpoint, released
 from .engine import evaluation
 from .compiled import fusion, lifting
 from .causes import short_error
@@ -114,8 +114,13 @@ class Preparation:
             if saved is not None and saved.done:
                 done = spec.replace(start_step=saved.step)  # its steps count as done
                 self.recorder.open(job, resume_from=saved.step)
-                post(self._dispatcher.finish_now, job, saved.state, saved.metrics,
-                     f"resumed: already done at step {saved.step}", done)
+                state, on_disk = saved.state, None
+                if not self.config.keep_results:  # (xshare serve --resume: its state stays on disk)
+                    on_disk = released.OnDisk(checkpoint.path_for(self.config.checkpoint_dir, job_dir(job.name)),
+                                              saved.step, released.structure(saved.state))
+                    state = None
+                post(self._dispatcher.finish_now, job, state, saved.metrics,
+                     f"resumed: already done at step {saved.step}", done, on_disk)
                 return None
             if saved is not None:
                 spec, restored = spec.replace(state=saved.state, start_step=saved.step), saved.metrics

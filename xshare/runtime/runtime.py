@@ -91,6 +91,13 @@ class Runtime:
         'xshare[tensorboard]'``) or factories ``job_directory -> xshare.Writer``; needs ``log_dir``.
       resume: continue each submitted job from its checkpoint in ``checkpoint_dir`` if there is
         one (a finished job comes back done at once, with its saved final state).
+      keep_results: True (default): each done job's final state stays in memory for
+        ``result()`` (and ``rt.handle(name).result()``) as long as the runtime lives. False: it
+        stays only in the job's final checkpoint, released from memory once that is written
+        (a checkpoint that could not be written releases nothing), and ``result()`` reads it
+        back from there; needs ``checkpoint_dir``. For a runtime that runs jobs without end,
+        as ``xshare serve`` does (docs/how-to/service.md): it would otherwise hold every final
+        state it ever made.
       compile_workers: threads that trace and compile jobs (cache misses only).
       fuse: run jobs that share a program as fused groups: one vmapped executable steps them
         all, each still its own job (docs/explanation/fusion.md). Off by default. True: where
@@ -142,12 +149,14 @@ class Runtime:
                  compile_workers: int = 1, fuse: bool | str = False, group_capacity: int | None = None,
                  steps_per_call: int | str = "auto", compilation_cache: bool | str | os.PathLike = True,
                  checkpoint_keep: int = 3, writers: Sequence[str | Callable[[Path], Any]] = (),
-                 steps_per_call_rtol: float | None = None, parallel_lanes: bool = True):
+                 steps_per_call_rtol: float | None = None, parallel_lanes: bool = True,
+                 keep_results: bool = True):
         self.policy = sched.get_policy(policy)
         self.config = config = RuntimeConfig.of(
             self.policy, quantum=quantum, slots=slots, prefetch=prefetch, dispatch_ahead=dispatch_ahead,
             compile_workers=compile_workers, log_dir=log_dir, checkpoint_dir=checkpoint_dir,
-            checkpoint_every=checkpoint_every, checkpoint_keep=checkpoint_keep, resume=resume, fuse=fuse,
+            checkpoint_every=checkpoint_every, checkpoint_keep=checkpoint_keep, resume=resume,
+            keep_results=keep_results, fuse=fuse,
             group_capacity=group_capacity, steps_per_call=steps_per_call,
             steps_per_call_rtol=steps_per_call_rtol, writers=writers,
             debug_ownership=debug_ownership_default(), parallel_lanes=parallel_lanes)

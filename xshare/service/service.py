@@ -64,9 +64,11 @@ class Service:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()  # one submit at a time: names and the journal stay ordered
         # Every job checkpoints at its end and on stop() (checkpoint_dir given), and every N steps.
+        # A service runs jobs without end: a done job's final state stays in its final
+        # checkpoint only, not in this process's memory (keep_results=False).
         self.rt = xshare.Runtime(policy=policy, memory=memory, log_dir=self.run_dir,
                                  checkpoint_dir=self.run_dir, checkpoint_every=checkpoint_every,
-                                 resume=resume, fuse=fuse)
+                                 resume=resume, fuse=fuse, keep_results=False)
         try:
             self.resumed = self._resume() if resume and self.journal.exists() else []
             self.deployed = self._redeploy() if resume else []

@@ -53,6 +53,7 @@ class Recorder:
         self.lines: list[tuple[str, str]] = []
         self.closed: list[str] = []
         self.checkpoints: list[tuple[str, int, Any, bool]] = []
+        self.releasing: list[str] = []  # jobs whose checkpoint, once written, holds their state alone
 
     def line(self, job: Any, text: str) -> None:
         self.lines.append((job.name, text))
@@ -60,8 +61,11 @@ class Recorder:
     def close_job(self, job: Any) -> None:
         self.closed.append(job.name)
 
-    def checkpoint(self, job: Any, step: int, host: Any, metrics: Any, *, done: bool, data_state: Any) -> None:
+    def checkpoint(self, job: Any, step: int, host: Any, metrics: Any, *, done: bool, data_state: Any,
+                   release: bool = False) -> None:
         self.checkpoints.append((job.name, step, host, done))
+        if release:
+            self.releasing.append(job.name)
 
     def said(self, name: str) -> list[str]:
         return [t for n, t in self.lines if n == name]

@@ -65,6 +65,22 @@ def test_a_job_that_ran_its_steps_finishes_with_its_state_read_once_and_checkpoi
     parts.life.settle(a)
     assert a.state is S.DONE and a.host_state == {"w": 1} and reads == ["a"]
     assert parts.recorder.checkpoints == [("a", 5, {"w": 1}, True)]
+    assert parts.recorder.releasing == []  # keep_results=True (the default): the state stays
+
+
+def test_under_keep_results_false_only_a_final_checkpoint_releases_the_state_it_holds():
+    parts = Parts(capacity_mib=4, checkpoint_dir="ckpt", read_state=lambda job: {"w": job.name})
+    parts.life.keep_results = False
+    a, b = fakes.job("a", steps=5), fakes.job("b", steps=5)
+    parts.submit(a, b)
+    a.dispatched = a.steps_done = 5
+    b.steps_done = 3
+    parts.life.save(b, done=False)  # a periodic checkpoint of a live job: nothing to release
+    parts.life.settle(a)
+    assert parts.recorder.checkpoints == [("b", 3, {"w": "b"}, False), ("a", 5, {"w": "a"}, True)]
+    # The recorder drops a's state once that checkpoint is written (observe/released.py); until
+    # then it is in memory, as for any runtime.
+    assert parts.recorder.releasing == ["a"] and a.host_state == {"w": "a"}
 
 
 def test_a_final_state_that_cannot_be_read_fails_the_job_not_the_others():

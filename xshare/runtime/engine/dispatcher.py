@@ -122,6 +122,7 @@ class Dispatcher:
                            rtol=config.steps_rtol)
         self.life = Lifecycle(units, recorder, t0=t0, clock=clock,
                               checkpoint_dir=config.checkpoint_dir, read_state=read_state,
+                              keep_results=config.keep_results,
                               forget=(self.admission.forget, functools.partial(evaluation.release, units),
                                       self.groups.forget, self.tiers.forget),
                               release=self.admission.withdraw, flush=self.rows.flush, on_end=on_end)
@@ -277,13 +278,15 @@ class Dispatcher:
             self.life.settle(job)
 
     def finish_now(self, job: JobRecord, host_state: Any, metrics: dict | None, note: str,
-                   spec: Any = None) -> None:
-        """End a job that never runs a step (no batches, or resumed already finished)."""
+                   spec: Any = None, on_disk: Any = None) -> None:
+        """End a job that never runs a step (no batches, or resumed already finished; then
+        ``on_disk``, under keep_results=False, says where its final state stays instead)."""
         self.owned()
         if job.terminal:
             return
         if spec is not None:
             job.spec = spec
+        job.on_disk = on_disk
         job.host_state, job.restored_metrics = host_state, metrics
         self.recorder.line(job, note)
         self.life.end(job, Event.FINISH)

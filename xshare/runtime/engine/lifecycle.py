@@ -37,11 +37,12 @@ class Lifecycle:
     """
 
     def __init__(self, units: Units, recorder: Any, *, t0: float, clock: Callable[[], float],
-                 checkpoint_dir: Any, read_state: Callable[[Any], Any],
+                 checkpoint_dir: Any, read_state: Callable[[Any], Any], keep_results: bool = True,
                  forget: Sequence[Callable[[Any], None]], release: Callable[[Any], None],
                  flush: Callable[[], None], on_end: Callable[[Any], None]):
         self.units, self.recorder = units, recorder
         self.t0, self.clock, self.checkpoint_dir = t0, clock, checkpoint_dir
+        self.keep_results = keep_results
         self.read_state, self.forgetters, self.release = read_state, tuple(forget), release
         self.flush, self.on_end = flush, on_end
 
@@ -83,7 +84,9 @@ class Lifecycle:
             return
         job.host_state = host
         if self.checkpoint_dir is not None:
-            self._checkpoint(job, host, done=True)
+            # keep_results=False: once this checkpoint is written, the recorder drops the state
+            # (observe/released.py); result() reads it back from there.
+            self._checkpoint(job, host, done=True, release=not self.keep_results)
         self.end(job, Event.FINISH)
 
     def save(self, job: Any, *, done: bool) -> None:
@@ -95,11 +98,12 @@ class Lifecycle:
         if host is not None:
             self._checkpoint(job, host, done=done)
 
-    def _checkpoint(self, job: Any, host: Any, *, done: bool) -> None:
+    def _checkpoint(self, job: Any, host: Any, *, done: bool, release: bool = False) -> None:
         step = job.spec.start_step + job.steps_done
         source = job.source  # (None once its data ran out: a resume then replays)
         self.recorder.checkpoint(job, step, host, job.last_metrics, done=done,
-                                 data_state=source.state_at(step) if source is not None else None)
+                                 data_state=source.state_at(step) if source is not None else None,
+                                 release=release)
 
     def end(self, job: Any, event: Event) -> None:
         """Move a job with nothing in flight to its terminal state; every owner forgets it and

@@ -177,6 +177,7 @@ class JobRecord:
     extra_metrics: dict[str, float] | None = None  # an observer's additions to the last step
     restored_metrics: dict[str, float] | None = None
     host_state: Any = None                # the final state (host pytree) of a done job
+    on_disk: Any = None                   # ... or where it is once released (observe/released.py)
     device_time_s: float = 0.0
     steps_recorded: int = 0
     step_time_s: float | None = None      # measured EMA; None until the first step

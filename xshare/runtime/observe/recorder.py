@@ -20,7 +20,7 @@ import urllib.parse
 from pathlib import Path
 from typing import Any, Callable
 
-from . import checkpoint
+from . import checkpoint, released
 from ..causes import short_error
 from .writers import row_values
 
@@ -109,13 +109,15 @@ class Recorder:
         self._queue.put((self._metrics_rows, (rows,)))
 
     def checkpoint(self, job: Any, step: int, state: Any, metrics: dict | None, *, done: bool,
-                   data_state: Any = None) -> None:
+                   data_state: Any = None, release: bool = False) -> None:
         """Write ``state`` (already on the host) as the job's checkpoint after ``step`` steps,
-        with its data iterator's state at that step (None: a resume replays its data)."""
+        with its data iterator's state at that step (None: a resume replays its data).
+        ``release``: once written, the job keeps its final state there only
+        (``released.release``; a write that failed releases nothing)."""
         self._newest_checkpoint[job.id] = step
         with self._pending_lock:
             self._pending[job.id] = self._pending.get(job.id, 0) + 1
-        self._queue.put((self._checkpoint, (job, step, state, metrics, done, data_state)))
+        self._queue.put((self._checkpoint, (job, step, state, metrics, done, data_state, release)))
 
     def saving(self, job: Any) -> bool:
         """The dispatcher skips a periodic checkpoint of ``job`` now (and the pipeline drain
@@ -249,8 +251,8 @@ class Recorder:
                 _quiet_close(w)
 
     def _line(self, job: Any, text: str) -> None:
-        if job.id in self._broken:
-            return
+        if job.id in self._broken or self.log_dir is None:
+            return  # (a checkpoint's failure, with checkpoint_dir but no log_dir: logged only)
         try:
             d = self._dir(job)
             # A line can come before the job's open (it was cancelled while compiling): make
@@ -293,10 +295,12 @@ class Recorder:
                 self._broke(job, "writing metrics.jsonl", err)
 
     def _checkpoint(self, job: Any, step: int, state: Any, metrics: dict | None, done: bool,
-                    data_state: Any) -> None:
+                    data_state: Any, release: bool = False) -> None:
         t0 = time.monotonic()
         try:
-            self._write_checkpoint(job, step, state, metrics, done, data_state)
+            path = self._write_checkpoint(job, step, state, metrics, done, data_state)
+            if release and path is not None:
+                released.release(job, step, path, state)
         finally:
             t1 = time.monotonic()
             self._save_gate = t1 + (t1 - t0) * (1 / CHECKPOINT_DUTY - 1)
@@ -308,9 +312,10 @@ class Recorder:
                     self._pending.pop(job.id, None)
 
     def _write_checkpoint(self, job: Any, step: int, state: Any, metrics: dict | None, done: bool,
-                          data_state: Any) -> None:
+                          data_state: Any) -> Path | None:
+        """The checkpoint's directory once written; None if skipped or failed."""
         if not done and self._newest_checkpoint.get(job.id, step) > step:
-            return  # a newer checkpoint of this job is queued behind this one
+            return None  # a newer checkpoint of this job is queued behind this one
         f = self._files.get(job.id)
         if f is not None:
             try:
@@ -318,13 +323,15 @@ class Recorder:
             except OSError as err:
                 self._broke(job, "writing metrics.jsonl", err)
         assert self.checkpoint_dir is not None  # (checkpoints are asked for only with a directory)
+        path = checkpoint.path_for(self.checkpoint_dir, job_dir(job.name))
         try:
-            checkpoint.save(checkpoint.path_for(self.checkpoint_dir, job_dir(job.name)), step=step,
-                            state=state, metrics=metrics, done=done, data_state=data_state,
+            checkpoint.save(path, step=step, state=state, metrics=metrics, done=done, data_state=data_state,
                             managers=self._managers)
         except Exception as err:  # noqa: BLE001 - the previous checkpoint stays valid
             log.warning("job %r: checkpoint at step %d failed: %s", job.name, step, err)
             self._line(job, f"checkpoint at step {step} failed: {short_error(err)}")
+            return None
+        return path
 
     def _close_job(self, job: Any) -> None:
         self._newest_checkpoint.pop(job.id, None)
