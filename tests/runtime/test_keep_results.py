@@ -152,3 +152,19 @@ def test_xshare_serve_keeps_no_final_state_in_memory(tmp_path):
             np.testing.assert_array_equal(a, np.asarray(b))
     finally:
         svc.stop()
+
+
+def test_fused_members_release_their_final_states_too(tmp_path):
+    jobs = [mlp.make_job(width=16, batch=8, steps=25 + 5 * i, lr=1e-3 * (i + 1), name=f"m{i}") for i in range(3)]
+    with xshare.Runtime(memory="256MiB", fuse="always") as rt:
+        kept = [h.result() for h in rt.submit_many(jobs)]
+    with xshare.Runtime(memory="256MiB", fuse="always", checkpoint_dir=tmp_path, keep_results=False) as rt:
+        handles = rt.submit_many(jobs)
+        rt.wait()
+        assert rt.snapshot()["runtime"]["fused_member_steps"] > 0
+    for h, (want, metrics) in zip(handles, kept):
+        assert h._rec.host_state is None and h._rec.on_disk.step == h.progress().steps_done
+        got, got_metrics = h.result()
+        assert got_metrics == metrics
+        for a, b in zip(nnx_leaves(got), nnx_leaves(want)):
+            np.testing.assert_array_equal(a, b)
