@@ -27,7 +27,7 @@ class OnDisk:
 
     path: Path
     step: int
-    like: Any  # the state's structure, arrays as zero-stride views (``structure``)
+    like: tuple  # the state's (treedef, leaves), arrays as zero-stride views (``structure``)
 
     def load(self, job: str) -> Any:
         """The final state, read back from the checkpoint of ``step``.
@@ -35,12 +35,14 @@ class OnDisk:
         Raises:
           XShareError: that checkpoint is gone or is not the job's final one.
         """
+        import jax
+
         from . import checkpoint
 
         where = (f"job {job!r} ran with Runtime(keep_results=False), so its final state is kept only "
                  f"in its final checkpoint (step {self.step}) under {self.path}")
         try:
-            saved = checkpoint.load(self.path, self.like, job=job)
+            saved = checkpoint.load(self.path, jax.tree.unflatten(*self.like), job=job)
         except XShareError as err:
             raise XShareError(f"{where}, which could not be read: {err}") from err
         if saved is None or not saved.done or saved.step != self.step:
@@ -50,14 +52,17 @@ class OnDisk:
         return saved.state
 
 
-def structure(state: Any) -> Any:
-    """``state`` with each numpy array replaced by a read-only zero-stride view of its dtype and
-    shape: what ``checkpoint.load`` needs of it (``like``), in a few bytes a leaf."""
+def structure(state: Any) -> tuple:
+    """``state``'s structure, what ``checkpoint.load`` needs of it (``like``), in a few bytes a
+    leaf: its treedef and its leaves, each numpy array replaced by a read-only zero-stride view
+    of its dtype and shape. Kept flat: a tree rebuilt now would hold new nodes (an NNX state's
+    Variables, ~25 KiB a zoo MLP job) until ``load``."""
     import jax
     import numpy as np
 
-    return jax.tree.map(lambda x: np.broadcast_to(np.zeros((), x.dtype), x.shape)
-                        if isinstance(x, np.ndarray) else x, state)
+    leaves, treedef = jax.tree.flatten(state)
+    return treedef, [np.broadcast_to(np.zeros((), x.dtype), x.shape) if isinstance(x, np.ndarray) else x
+                     for x in leaves]
 
 
 def release(job: Any, step: int, path: Path, state: Any) -> None:
