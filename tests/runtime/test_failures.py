@@ -140,6 +140,7 @@ def test_a_fused_groups_run_that_raises_at_retirement_names_its_group_step_and_k
     fake.retired = lambda job, step, values, t_end, finite: retired.append((job.name, step, values.tolist(), finite))
     fake._fail_group_call = lambda *a: Executor._fail_group_call(fake, *a)
     fake._retire_group_rows = lambda *a: Executor._retire_group_rows(fake, *a)
+    fake._counted = lambda job, rows: False  # (each row through retired, as with an observer)
 
     def members():
         a, b = (SimpleNamespace(name=n, in_flight=1, error=None) for n in ("a", "b"))

@@ -67,6 +67,24 @@ def test_every_steps_metrics_row_and_the_final_state_match_the_plain_loop(tmp_pa
     assert [np.float32(r["loss"]) for r in rows] == losses
 
 
+def test_without_a_reader_of_each_row_a_k_step_job_counts_its_steps_and_keeps_its_last_metrics():
+    """No observer, on_metrics, log or nan_policy="fail": a K-step call's rows are counted at
+    once (``Executor._counted``), and the job still ends with every step counted and the last
+    step's metrics, as the plain loop's."""
+    steps = 61  # (not a multiple of 8: the last call is shorter)
+
+    def make():
+        return linreg_step.bind(linreg_state(seed=6), linreg_data(seed=6), steps=steps, name="quiet")
+
+    handle = run_until_k_steps(8, make, memory="256MiB", steps_per_call=8)
+    assert handle._rec.tier.steps_at.get(8, 0) >= 16, handle._rec.tier.steps_at
+    state, metrics = handle.result()
+    want_state, want_metrics = plain_loop(make())
+    assert_trees_equal(state, want_state)
+    assert handle.progress().steps_done == steps
+    assert metrics == {k: float(v) for k, v in want_metrics.items()}
+
+
 def test_a_form_that_is_not_bit_identical_is_never_kept(monkeypatch):
     """The check compares K single steps with the K-step call from one state: a K-step program
     that computes anything else (here: one whose steps add 1e-6 to the state) is not kept, the
@@ -249,6 +267,7 @@ def test_a_fused_group_runs_k_steps_per_call_and_matches_the_vmapped_loop():
     want = vmapped_loop(make(), 4, 96)
     for h, w in zip(handles, want):
         assert_trees_equal(h.result()[0], w)
+        assert h.progress().steps_done == 96  # (each member's rows counted at once: no reader of each)
 
 
 def test_under_srtf_the_k_step_form_fits_the_time_a_call_may_take(monkeypatch):

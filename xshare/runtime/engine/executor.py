@@ -379,12 +379,16 @@ class Executor:
     def _retire_group_rows(self, group: Group, steps: dict, rows: Any, t: int, t_end: int) -> None:
         """Account the rows (k, capacity, metrics) of k group steps that completed."""
         k = len(rows)
-        finite = np.isfinite(rows).all(axis=2)  # once for the group, not once per member
-        for i in range(k):
-            t_i = t + (t_end - t) * (i + 1) // k if k > 1 else t_end
-            for slot, (job, step) in steps.items():
-                self.retired(job, step + i, rows[i][slot], t_i, finite=bool(finite[i][slot]))
-            if self.ring is None:
+        each = {slot: js for slot, js in steps.items() if not self._counted(js[0], rows[:, slot])}
+        if each:
+            finite = np.isfinite(rows).all(axis=2)  # once for the group, not once per member
+            for i in range(k):
+                t_i = t + (t_end - t) * (i + 1) // k if k > 1 else t_end
+                for slot, (job, step) in each.items():
+                    self.retired(job, step + i, rows[i][slot], t_i, finite=bool(finite[i][slot]))
+        if self.ring is None:
+            for i in range(k):
+                t_i = t + (t_end - t) * (i + 1) // k if k > 1 else t_end
                 self.timeline.host_step(group, t + (t_end - t) * i // k, t_i)
 
     def _fail_call(self, job: JobRecord, step: int, vec: Any, k: int, t: int, t_end: int | None,
@@ -402,11 +406,26 @@ class Executor:
         """The K rows of one K-step call, one per step, as if each had retired alone (host times
         split evenly over the call: the fences time each inner step themselves)."""
         k = len(values)
+        counted = self._counted(job, values)
         for i in range(k):
             t_i = t + (t_end - t) * (i + 1) // k
-            self.retired(job, step + i, values[i], t_i)
+            if not counted:
+                self.retired(job, step + i, values[i], t_i)
             if self.ring is None:
                 self.timeline.host_step(job, t + (t_end - t) * i // k, t_i)
+
+    def _counted(self, job: JobRecord, rows: Any) -> bool:
+        """Count ``rows`` (several steps' metrics of ``job``) at once if nothing reads them one
+        by one (no observer, no ``on_metrics``, no metrics log, no ``nan_policy="fail"``, no
+        failure to stop at): what ``retired`` would do for each, ~1.5 us a row less (16 rows a
+        K=16 call; 128 for a group of 8)."""
+        spec = job.spec
+        if (job.failed_at is not None or spec.observer is not None or spec.on_metrics is not None
+                or self.rows.enabled or spec.nan_policy == "fail"):
+            return False
+        job.steps_done += len(rows)
+        job.last_values = rows[-1]
+        return True
 
     def retired(self, job: JobRecord, step: int, values: Any, t_end: int, *,
                 finite: bool | None = None) -> None:

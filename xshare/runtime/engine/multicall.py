@@ -116,9 +116,8 @@ class MultiCalls:
         data is cheap (as a plain loop makes them); a marker (the end, a data error) stops the
         count, so its call stops before it."""
         batches = job.batches
-        if not self._fed(job):
-            while len(batches) < want and job.source is not None:
-                produce(job, self.device, blocking=True)
+        if not self._fed(job) and len(batches) < want and job.source is not None:
+            produce(job, self.device, blocking=True, n=want - len(batches))
         assert job.program is not None  # (it steps)
         n, sig = 0, multistep.signature(job.program.batch_struct)
         for batch in batches:
