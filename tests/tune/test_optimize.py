@@ -146,6 +146,30 @@ def test_the_runtime_opens_before_the_first_objective(monkeypatch):
     assert order[:2] == ["runtime", "objective"] and order.count("runtime") == 1, order
 
 
+def test_the_studys_own_runtime_keeps_no_trials_final_state_and_a_runtime_passed_in_keeps_them(monkeypatch):
+    from xshare._errors import XShareError
+
+    runtimes = []
+    real = xshare.Runtime
+
+    class Watched(real):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            runtimes.append(self)
+
+    monkeypatch.setattr(xshare, "Runtime", Watched)
+    objective = lambda t: make(t.suggest_float("lr", 0.05, 0.1), steps=10)  # noqa: E731
+    xshare.tune.optimize(study_of(), objective, 3, metric="eval/mse", concurrency=2, runtime={"memory": "64MiB"})
+    (own,) = runtimes
+    done = [h for h in own.jobs if h.status() == "done"]
+    assert done and all(h._rec.host_state is None for h in own.jobs)
+    with pytest.raises(XShareError, match=r"keeps its trials' values and params in the study.*runtime=xshare"):
+        done[0].result()
+    with xshare.Runtime(memory="64MiB") as rt:  # the caller's runtime: its jobs' results are the caller's
+        xshare.tune.optimize(study_of(), objective, 2, metric="eval/mse", concurrency=2, runtime=rt)
+        assert all(h.result()[0]["w"].shape == (8, 1) for h in rt.jobs if h.status() == "done")
+
+
 def test_the_startup_trials_a_pruner_waits_for():
     from xshare.tune._optimize import _startup_trials
 

@@ -93,6 +93,17 @@ class JobHandle:
             state = rec.on_disk.load(self.name)  # keep_results=False: from its final checkpoint
         return (state if transform is None else transform(state)), rec.last_metrics
 
+    def _release_result(self, why: str) -> None:
+        """Let go of a done job's final state (its owner will never ask for it; ``result()``
+        then raises ``why``). For the package's own long runs: ``xshare.tune``'s runtime keeps
+        a study's trials' values, not their states."""
+        from .observe.released import NotKept
+
+        rec = self._rec
+        if rec.terminal and rec.host_state is not None:
+            rec.on_disk = NotKept(why)  # (before the state goes: see observe/released.py)
+            rec.host_state = None
+
     def pause(self, *, offload: bool = False) -> None:
         """``Runtime.pause`` of this job."""
         self._rt.pause(self, offload=offload)

@@ -47,9 +47,11 @@ class RuntimeActor:
                  checkpoint_every: int | None = 100, fuse: bool = False, group_capacity: int | None = None):
         import xshare
 
+        # Results are the jobs' final checkpoints under run_dir (read there, never through
+        # result()): the actor keeps no done job's state in memory (as xshare serve).
         self.rt = xshare.Runtime(policy=policy, memory=memory, log_dir=run_dir, checkpoint_dir=run_dir,
                                  checkpoint_every=checkpoint_every, resume=True, fuse=fuse,
-                                 group_capacity=group_capacity)
+                                 group_capacity=group_capacity, keep_results=False)
 
     def submit(self, jobs: list[dict[str, Any]]) -> list[str]:
         """Build and submit (all or none); raises SpecError with the one-line reason."""

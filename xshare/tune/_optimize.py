@@ -215,7 +215,9 @@ def optimize(study: optuna.Study, objective: Callable[[optuna.Trial], Any], n_tr
         vmapped executable, whose group has a slot for each running trial from the start and
         keeps it when trials end, so a study compiles one group program per model shape). A
         ``Runtime`` passed in keeps its own settings: build it with
-        ``Runtime(fuse=True, group_capacity=concurrency)`` for the same.
+        ``Runtime(fuse=True, group_capacity=concurrency)`` for the same. The study's own
+        runtime lets go of each trial's final state as the trial is told (the study keeps its
+        value and params); in a ``Runtime`` passed in, ``rt.handle(name).result()`` has it.
       timeout: seconds after which no new trial starts (running ones finish).
       catch: exception types from ``objective`` that fail the trial but not the study.
       callbacks: ``callback(study, frozen_trial)`` after each trial is told.

@@ -52,6 +52,17 @@ class OnDisk:
         return saved.state
 
 
+@dataclass(frozen=True)
+class NotKept:
+    """A final state its runtime's owner let go of (``JobHandle._release_result``): ``result()``
+    says why instead of returning it."""
+
+    why: str
+
+    def load(self, job: str) -> Any:
+        raise XShareError(f"job {job!r}: {self.why}")
+
+
 def structure(state: Any) -> tuple:
     """``state``'s structure, what ``checkpoint.load`` needs of it (``like``), in a few bytes a
     leaf: its treedef and its leaves, each numpy array replaced by a read-only zero-stride view
