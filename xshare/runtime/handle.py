@@ -76,7 +76,8 @@ class JobHandle:
           AdmissionError: the job can never fit in the arena (with the numbers).
           JobCancelled: the job was cancelled before it finished.
           TimeoutError: it did not end within ``timeout``.
-          XShareError: ``keep_results=False`` and the job's final checkpoint is gone.
+          XShareError: its final state is not kept any more (``keep_results=False`` and its
+            final checkpoint is gone, or the runtime's owner let it go: ``xshare.tune``).
         """
         if not self.wait(timeout):
             raise TimeoutError(f"job {self.name!r} still {self.status()} after {timeout} s")

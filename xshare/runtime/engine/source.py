@@ -176,8 +176,8 @@ def _next(job: Any, source: BatchSource, device: Any) -> Any:
             why = layout.difference(got, what="batch")
             if why is not None:
                 raise BatchMismatch(f"batch {step} does not match the compiled step: {why}")
-        # A group member's leaves are copied when its group stacks them (np.array), and so are
-        # a job's on its K-step form: a copy here would be a second one per leaf per step (~3 us
+        # A group member's leaves are copied when its group call stacks them, and so are a
+        # job's on its K-step form: a copy here would be a second one per leaf per step (~3 us
         # of the dispatcher's ~20 a step, zoo MLP at K=16). They come as a tuple, "not the
         # runtime's yet": a call that donates a single batch takes it through ``owned`` first
         # (a K-step job's boundary steps and check, a member that left its group and steps alone).
