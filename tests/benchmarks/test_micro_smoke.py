@@ -26,7 +26,7 @@ SCRIPTS = [("switch_latency", [], "switch_latency"), ("fence_overhead", [], "fen
            ("fusion", [], "fusion"), ("fusion", ["--sweep", "naive"], "fusion_naive"),
            ("relaunch", [], "relaunch"), ("scale", [], "scale"), ("top_startup", [], "top_startup"),
            ("preemption", [], "preemption"), ("fusion_payoff", [], "fusion_payoff"),
-           ("first_runs", [], "first_runs")]
+           ("first_runs", [], "first_runs"), ("memory_per_job", [], "memory_per_job")]
 
 
 def _run(name: str, out: Path, extra: list[str]) -> subprocess.CompletedProcess:
