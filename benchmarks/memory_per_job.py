@@ -122,7 +122,8 @@ after each round every handle is dropped, the recorder flushed and the garbage c
 process's RSS read, then read again after glibc's `malloc_trim(0)` (which hands freed heap
 pages back to the OS: the trimmed figure is what the process still holds; untrimmed, glibc
 keeps large freed blocks for reuse, and RSS creeps up with nothing held). Growth a job: (RSS
-after the last round - after the first) / the jobs of the rounds after the first. `keep_results=False` keeps each done job's final state in its final
+after the last round - after the first) / the jobs of the rounds after the first. With `keep_results=False` the runtime also trims by itself after it releases
+states (at most once a second), so its untrimmed column shows what a service's RSS does. `keep_results=False` keeps each done job's final state in its final
 checkpoint only; `result()` reads it back from there (docs/how-to/checkpoints.md).
 """
     H.write_results(NAME, args.out, title="What a long-lived runtime keeps per finished job", columns=columns,

@@ -169,3 +169,23 @@ def test_fused_members_release_their_final_states_too(tmp_path):
         assert got_metrics == metrics
         for a, b in zip(nnx_leaves(got), nnx_leaves(want)):
             np.testing.assert_array_equal(a, b)
+
+
+def test_released_states_pages_go_back_to_the_os_and_nothing_is_trimmed_when_states_are_kept(tmp_path, monkeypatch):
+    from xshare.runtime.observe import released
+
+    trims = []
+    monkeypatch.setattr(released, "trim", lambda: trims.append(1))
+    with xshare.Runtime(memory="64MiB", checkpoint_dir=tmp_path / "kept") as rt:
+        rt.submit(specs()[1])
+    assert trims == []  # (keep_results=True: nothing released, nothing to trim)
+    with xshare.Runtime(memory="64MiB", checkpoint_dir=tmp_path / "released", keep_results=False) as rt:
+        rt.submit_many([s.replace(name=f"{s.name}{i}") for i, s in enumerate(specs()[:2])])
+    assert 1 <= len(trims) <= 2  # after the releases (at most one trim a second: TRIM_EVERY_S)
+
+
+def test_trim_hands_pages_back_or_does_nothing_where_there_is_no_glibc():
+    from xshare.runtime.observe import released
+
+    released.trim()  # (glibc here: malloc_trim(0); elsewhere a no-op; never raises)
+    assert released._LIBC is False or callable(released._LIBC)

@@ -33,6 +33,10 @@ _SAFE = "-_.=,+@"
 # checkpoint and those of stop() are always written. benchmarks/RESULTS.md "Checkpoint cost".
 CHECKPOINT_DUTY = 0.25
 
+# At most one heap trim a second after final states were released (keep_results=False): one
+# per job would be as good for a service, but not for a sweep of many short jobs.
+TRIM_EVERY_S = 1.0
+
 
 def job_dir(name: str) -> str:
     """The directory name of a job: its name with every other character percent-encoded, so
@@ -80,6 +84,7 @@ class Recorder:
         self._pending: dict[int, int] = {}  # job id -> its checkpoints posted, not yet written
         self._pending_lock = threading.Lock()
         self._save_gate = 0.0  # (monotonic s) periodic checkpoints wait until then
+        self._trim_due, self._trimmed = False, 0.0  # a released state to hand back (released.trim)
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._files: dict[int, Any] = {}
         self._broken: set[int] = set()
@@ -176,6 +181,11 @@ class Recorder:
                     fn(*args)
                 except Exception as err:  # noqa: BLE001 - the recorder must never die
                     log.warning("xshare recorder: %s failed: %s", getattr(fn, "__name__", fn), err)
+                item = fn = args = None  # (a released state's last references go here, before the trim)
+            if self._trim_due and time.monotonic() >= self._trimmed + TRIM_EVERY_S:
+                # keep_results=False released a final state: its pages back to the OS.
+                self._trim_due, self._trimmed = False, time.monotonic()
+                released.trim()
             if self._tick is not None and (not item or self._queue.empty()):
                 try:
                     self._tick()
@@ -301,6 +311,7 @@ class Recorder:
             path = self._write_checkpoint(job, step, state, metrics, done, data_state)
             if release and path is not None:
                 released.release(job, step, path, state)
+                self._trim_due = True
         finally:
             t1 = time.monotonic()
             self._save_gate = t1 + (t1 - t0) * (1 / CHECKPOINT_DUTY - 1)

@@ -80,3 +80,26 @@ def release(job: Any, step: int, path: Path, state: Any) -> None:
     """``job``'s final ``state`` of ``step`` is written at ``path``: keep only where it is."""
     job.on_disk = OnDisk(Path(path), step, structure(state))
     job.host_state = None
+
+
+_LIBC: Any = None  # glibc's malloc_trim, or False where there is none
+
+
+def trim() -> None:
+    """Hand the heap's free pages back to the OS (glibc's ``malloc_trim(0)``; nothing elsewhere).
+
+    glibc keeps large freed blocks for reuse: a runtime that released a 12.5 MiB state per job
+    still grew ~1 MiB of RSS a job with nothing held (benchmarks/memory_per_job.py). Trimmed
+    after releases, it stayed flat. Dask's workers do the same for the same reason. It takes
+    ~0.5 ms with a ~700 MiB heap."""
+    global _LIBC
+    if _LIBC is None:
+        import ctypes
+        import sys
+
+        try:  # (glibc only: musl and other systems have no malloc_trim)
+            _LIBC = ctypes.CDLL("libc.so.6").malloc_trim if sys.platform.startswith("linux") else False
+        except (OSError, AttributeError):
+            _LIBC = False
+    if _LIBC:
+        _LIBC(0)
