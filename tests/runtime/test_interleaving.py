@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import xshare
 from tests.helpers import heavy_data, heavy_state, heavy_step, linreg_data, linreg_state, linreg_step
 
@@ -15,9 +17,20 @@ def _first_finish_index(order, steps):
     raise AssertionError("no job finished")
 
 
+def _paced(data, seconds):
+    def batch(k):
+        time.sleep(seconds)
+        return data(k)
+    return batch
+
+
 def test_steps_of_different_jobs_alternate_before_any_job_finishes():
-    steps = 300
-    specs = [linreg_step.bind(linreg_state(seed=i), linreg_data(seed=i), steps=steps, name=f"j{i}")
+    # Each batch takes 0.5 ms to make, so the first job cannot finish (>= 0.3 s) while the
+    # others are still being prepared (ms): with its K=16 form known, a 300-step linreg job
+    # ran out in a few ms, and once (CI, 2026-11-28) all of it came before the second job's
+    # first step.
+    steps = 600
+    specs = [linreg_step.bind(linreg_state(seed=i), _paced(linreg_data(seed=i), 5e-4), steps=steps, name=f"j{i}")
              for i in range(3)]
     with xshare.Runtime(policy="pack", memory="256MiB") as rt:
         handles = rt.submit_many(specs)
