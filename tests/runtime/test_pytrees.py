@@ -91,20 +91,22 @@ def test_swap_to_host_and_checkpoint_resume_keep_keys_exact(tmp_path):
         time.sleep(0.002)
         return mixed_data(step)
 
-    spec = mixed_step.bind(mixed_state(3, "rbg"), slow, steps=40, name="ck")
+    # (200 steps of >= 2 ms: the pause lands with ~0.4 s of them left. With 40, the job once
+    # ended before the pause did, and resume() refused a done job: CI, jax 0.12, 2026-11-28.)
+    spec = mixed_step.bind(mixed_state(3, "rbg"), slow, steps=200, name="ck")
     with xshare.Runtime(log_dir=tmp_path, checkpoint_every=10, dispatch_ahead=1) as rt:
         h = rt.submit(spec)
         while h.progress().steps_done < 12:
-            pass
+            time.sleep(0.001)
         rt.pause(h, offload=True)   # the state (key data included) goes to host memory
         rt.resume(h)
         rt.wait()
-    _keys_equal(h.result()[0], _plain(spec.state, 40))
+    _keys_equal(h.result()[0], _plain(spec.state, 200))
     # A fresh runtime resumes the finished job's checkpoint (key data and impl) exactly.
     from xshare.runtime.observe import checkpoint
     saved = checkpoint.load(tmp_path / "ck" / checkpoint.FILENAME, spec.state, job="ck")
     assert saved.done and jax.random.key_impl(saved.state["key"]) == "rbg"
-    _keys_equal(saved.state, _plain(spec.state, 40))
+    _keys_equal(saved.state, _plain(spec.state, 200))
 
 
 def test_a_resumed_run_continues_to_the_same_final_state(tmp_path):
@@ -112,18 +114,18 @@ def test_a_resumed_run_continues_to_the_same_final_state(tmp_path):
         time.sleep(0.002)
         return mixed_data(step)
 
-    spec = mixed_step.bind(mixed_state(5), slow, steps=30, name="rs")
+    spec = mixed_step.bind(mixed_state(5), slow, steps=150, name="rs")  # (the stop lands with ~0.3 s left)
     rt = xshare.Runtime(log_dir=tmp_path, checkpoint_every=5, dispatch_ahead=1)
     h = rt.submit(spec)
     while h.progress().steps_done < 10:
-        pass
+        time.sleep(0.001)
     rt.stop(checkpoint=True)  # mid-run: the checkpoint holds the key data of its step
     rt.close()
-    assert h.progress().steps_done < 30
+    assert h.progress().steps_done < 150
     with xshare.Runtime(log_dir=tmp_path, checkpoint_every=5, resume=True) as rt:
         h = rt.submit(spec)
         rt.wait()
-    _keys_equal(h.result()[0], _plain(spec.state, 30))
+    _keys_equal(h.result()[0], _plain(spec.state, 150))
 
 
 def test_static_leaves_ride_along_and_python_numbers_the_step_changes_become_arrays():
