@@ -116,8 +116,8 @@ class Preparation:
                 self.recorder.open(job, resume_from=saved.step)
                 state, on_disk = saved.state, None
                 if not self.config.keep_results:  # (xshare serve --resume: its state stays on disk)
-                    on_disk = released.OnDisk(checkpoint.path_for(self.config.checkpoint_dir, job_dir(job.name)),
-                                              saved.step, released.structure(saved.state))
+                    on_disk = released.on_disk(checkpoint.path_for(self.config.checkpoint_dir, job_dir(job.name)),
+                                               saved.step, saved.state)
                     state = None
                 post(self._dispatcher.finish_now, job, state, saved.metrics,
                      f"resumed: already done at step {saved.step}", done, on_disk)

@@ -2,7 +2,7 @@
 
 A runtime keeps every done job's final state for ``result()``, by default. A runtime that never
 ends (``xshare serve``) would then hold one final state per job it ever ran: 12.5 MiB a job for
-a 1024-wide MLP with Adam, ~13.5 MiB of RSS each measured (benchmarks/RESULTS.md). With
+a 1024-wide MLP with Adam, 12.7 MiB of RSS each (benchmarks/memory_per_job.py). With
 ``Runtime(keep_results=False)`` the recorder drops the state once it has written the job's final
 checkpoint, and keeps only its structure (each array a zero-stride view of its dtype and shape);
 ``result()`` then reads the state back from that checkpoint. A final checkpoint that could not
@@ -76,9 +76,14 @@ def structure(state: Any) -> tuple:
                      for x in leaves]
 
 
+def on_disk(path: Path, step: int, state: Any) -> OnDisk:
+    """Where ``state``, the final state of ``step`` written at ``path``, is kept."""
+    return OnDisk(Path(path), step, structure(state))
+
+
 def release(job: Any, step: int, path: Path, state: Any) -> None:
     """``job``'s final ``state`` of ``step`` is written at ``path``: keep only where it is."""
-    job.on_disk = OnDisk(Path(path), step, structure(state))
+    job.on_disk = on_disk(path, step, state)
     job.host_state = None
 
 
