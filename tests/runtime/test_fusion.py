@@ -334,3 +334,49 @@ def test_a_groups_last_steps_are_in_the_timeline_after_wait():
     # One record per group step, the last ones too: they were drained before the group closed
     # (the recorder drains a few times a second; records of a unit gone by then were dropped).
     assert sorted(group) == list(range(steps))
+
+
+@pytest.mark.parametrize("how", ["raises", "another shape"])
+def test_members_failing_inside_a_group_step_shrink_it_without_failing_the_others(how):
+    # Two members open a group (2 slots); six more join it (it grows to 8) and fail at one group
+    # step, their data raising or giving a batch of another shape, with nothing in flight
+    # (dispatch_ahead=0). Each leaves its slot while that step is being assembled, and the last
+    # to leave shrinks the group back to its 2-slot program (compiled already: the shrink is
+    # free). The step must
+    # then run the two members left on that program, in their new slots: it once stacked them
+    # at the old capacity and called the 2-slot program with an 8-slot mask, and both failed
+    # ("Argument types differ": found by a random sweep with dispatch_ahead=0).
+    stays = _specs(2, steps=300, names="stays")
+
+    def bad_at_10(seed):
+        data = linreg_data(dim=8, seed=seed)
+
+        def batch(k):
+            if k == 10 and how == "raises":
+                raise RuntimeError("disk gone at batch 10")
+            b = data(k)
+            return {"x": b["x"][:, :5], "y": b["y"]} if k == 10 else b
+        return batch
+
+    ending = [linreg_step.bind(linreg_state(dim=8, seed=10 + i), bad_at_10(10 + i), steps=300, name=f"bad{i}")
+              for i in range(6)]
+    for n in (2, 4, 8):  # the group's programs at 2, 4 and 8 slots compiled first: the joiners
+        _run(_specs(n, steps=2, names=f"warm{n}_"), dispatch_ahead=0)  # join at once, all six
+    with xshare.Runtime(policy="pack", memory="256MiB", fuse="always", dispatch_ahead=0) as rt:
+        first = rt.submit_many(stays)
+        while any(h.progress().steps_done < 5 for h in first):
+            time.sleep(0.001)
+        later = rt.submit_many(ending)
+        rt.wait()
+        groups = rt.snapshot()["groups"]
+    for h in later:
+        assert h.status() == "failed"
+        assert h.error.startswith("its data raised while producing batch 10" if how == "raises"
+                                  else "batch 10 does not match the compiled step"), h.error
+        assert h.progress().steps_done == 10
+    for h, spec in zip(first, stays):
+        assert h.status() == "done", (h.error, groups)
+        assert h.progress().steps_done == 300
+        got, ref = h.result()[0], plain_loop(spec)[0]  # vmapped at 2 slots, 8, then 2: close
+        assert max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+                   for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(ref))) < 1e-4

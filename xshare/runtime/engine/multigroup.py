@@ -100,27 +100,26 @@ class GroupCalls:
         self.pipeline.after_run()
 
     def step(self, group: Group, li: int, pos: int) -> None:
-        """One fused step: every stepping member's own batch, stacked; idle slots masked."""
-        capacity = group.capacity
-        taken: dict[int, tuple[JobRecord, int, list]] = {}
+        """One fused step: every stepping member's own batch, stacked; idle slots masked.
+
+        Members whose next item is not a batch the step can take (their data ended or raised,
+        or a batch of another shape) are dealt with first, and only then are the slots and
+        the capacity read: such a member may end and leave its slot, and the last to leave may
+        shrink the group (``Groups.leave``), which moves the members left to other slots of a
+        smaller program. Read before, they stacked the step at the old capacity for the new
+        program, and every member failed (a random sweep with ``dispatch_ahead=0``)."""
         members, group.now = group.now or group.stepping(), None
+        while self._end_unsteppable(group, members):
+            members = group.stepping()  # who is left, in which slots (the group may have shrunk)
+        taken: dict[int, tuple[JobRecord, int, list]] = {}
         for slot, job in members:
-            batch = job.batches.popleft()
-            if batch is END or isinstance(batch, DataError):
-                self.pipeline.dispatch_marker(job, batch)
-                continue
-            step = job.spec.start_step + job.dispatched
-            bad = _shape_mismatch(batch, group.zero_batch)
-            if bad:
-                self.life.fail(job, f"batch {step} does not match the compiled step: {bad}")
-                self.life.settle(job)
-                continue
             if self._fed(job):
                 self.feeder.request(job)
-            taken[slot] = (job, step, batch)
+            taken[slot] = (job, job.spec.start_step + job.dispatched, job.batches.popleft())
         if not taken:
             self.units.changed = True
             return
+        capacity = group.capacity
         mask = np.zeros((capacity,), np.bool_)
         mask[list(taken)] = True
         stacked = [np.stack([taken[s][2][i] if s in taken else zero for s in range(capacity)])
@@ -158,6 +157,26 @@ class GroupCalls:
         if self.pipeline.host_copy:
             outs[1].copy_to_host_async()  # (Executor.host_copy)
         self.pipeline.checkpoint_members(steps, 1)
+
+    def _end_unsteppable(self, group: Group, members: list) -> bool:
+        """Take the next item of each of ``members`` that cannot step (the end of its data, a
+        data error, a batch of another shape) and end or fail it; True if any did (the group's
+        members, slots and capacity may have changed since ``members`` was read)."""
+        ended = False
+        for _, job in members:
+            batch = job.batches[0]  # (``Feeding.ready`` found one for every stepping member)
+            if batch is END or isinstance(batch, DataError):
+                self.pipeline.dispatch_marker(job, job.batches.popleft())
+                ended = True
+                continue
+            bad = _shape_mismatch(batch, group.zero_batch)
+            if bad:
+                job.batches.popleft()
+                self.life.fail(job, f"batch {job.spec.start_step + job.dispatched} does not match the "
+                                    f"compiled step: {bad}")
+                self.life.settle(job)
+                ended = True
+        return ended
 
     def tier_turn(self, group: Group, li: int, pos: int) -> bool:
         """A group's turn at its tiers: True if this turn's steps ran here."""
