@@ -257,6 +257,25 @@ def test_a_metric_the_job_never_reports_is_an_error_naming_what_it_reports():
         xshare.tune.optimize(study_of(), lambda t: make(0.1, eval_step=None), 2, metric="eval/mse")
 
 
+def test_a_trial_whose_value_ends_nan_fails_alone_as_in_study_optimize():
+    # Trial 1 diverges (a NaN learning rate: every evaluation is NaN). No pruner stops it, so it
+    # runs to its end with a NaN value, which Optuna takes from no trial: study.optimize fails
+    # such a trial, and so must optimize. It once told it COMPLETE, and Optuna's ValueError ("The
+    # value nan is not acceptable") ended the whole study, its running trials with it.
+    def diverging(trial):
+        lr = trial.suggest_float("lr", 0.05, 0.1)
+        return make(float("nan") if trial.number == 1 else lr)
+
+    study = optuna.create_study(direction="minimize", pruner=optuna.pruners.NopPruner())
+    xshare.tune.optimize(study, diverging, 4, metric="eval/mse", concurrency=2, runtime={"memory": "64MiB"})
+    trials = study.trials
+    assert [t.state for t in trials] == [TS.COMPLETE, TS.FAIL, TS.COMPLETE, TS.COMPLETE]
+    assert trials[1].user_attrs[ATTR_ERROR] == (f"its job ended with eval/mse=nan at step {BUDGET} (Optuna takes "
+                                                "no NaN value: the trial fails, as in study.optimize)")
+    assert trials[1].user_attrs[ATTR_STEPS] == BUDGET
+    assert all(t.value < initial_mse() / 2 for t in trials if t.state is TS.COMPLETE)
+
+
 def test_a_train_metric_is_reported_every_report_every_steps():
     study = optuna.create_study(direction="minimize", pruner=optuna.pruners.NopPruner())
     xshare.tune.optimize(study, lambda t: make(t.suggest_float("lr", 0.05, 0.1), eval_step=None), 2,

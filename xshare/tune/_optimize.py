@@ -100,7 +100,15 @@ class _Teller:
             self.tell(trial, TrialState.PRUNED)
         elif status == "done":
             assert last is not None  # (done without a value raised above)
-            self.tell(trial, TrialState.COMPLETE, last[1])
+            if math.isnan(last[1]):
+                # Optuna takes no NaN as a trial's value: study.optimize fails a trial whose
+                # objective returns one, and so does this (told COMPLETE, it raised out of
+                # optimize and took every running trial with it).
+                trial.set_user_attr(ATTR_ERROR, f"its job ended with {self.metric}=nan at step {last[0]} "
+                                                "(Optuna takes no NaN value: the trial fails, as in study.optimize)")
+                self.tell(trial, TrialState.FAIL)
+            else:
+                self.tell(trial, TrialState.COMPLETE, last[1])
         else:
             trial.set_user_attr(ATTR_ERROR, error or f"its job was {status} after {steps} steps")
             self.tell(trial, TrialState.FAIL)
@@ -223,7 +231,8 @@ def optimize(study: optuna.Study, objective: Callable[[optuna.Trial], Any], n_tr
       callbacks: ``callback(study, frozen_trial)`` after each trial is told.
 
     A job that fails fails its trial (FAIL, its error in the ``xshare_error`` user attribute);
-    the study goes on.
+    the study goes on. So does a job that ends with its metric NaN: Optuna takes no NaN value,
+    and ``study.optimize`` fails such a trial too.
 
     Returns:
       ``study``, with the trials told.
