@@ -567,3 +567,46 @@ def test_a_job_whose_program_has_a_checked_and_built_form_runs_it_from_its_first
         rt.wait()
     assert handle._rec.tier.steps_at == {8: 64}, handle._rec.tier.steps_at
     assert_trees_equal(handle.result()[0], plain_loop(make())[0])
+
+
+@xshare.job
+def halve_step(state, batch):
+    """A step no other test runs: its K-step form has no verdict in this process, so its first
+    K-step call is preceded by the check."""
+    w = state["w"] * 0.5 + batch["x"] * 0.25
+    return {"w": w}, {"w0": w[0]}
+
+
+def test_a_job_whose_last_steps_are_its_k_step_forms_check_ends_done(monkeypatch):
+    # The check runs the job's next K steps one per call and retires them itself (not through
+    # the pipeline). When those are its last steps, nothing else settled the job: it stayed
+    # "running" with every step done, and Runtime.wait() never returned (found by random runs of
+    # users' code under controls: tests/users/test_random_controls.py). Made to happen here: one
+    # step per turn after the 8-step warm-up (whose retirement starts the K=2 form's compile),
+    # each retired at once (dispatch_ahead=0), and the observer holding step 8 until the form is
+    # compiled, so the check takes steps 9 and 10, the last two.
+    import time
+
+    from xshare.runtime.engine import executor
+    monkeypatch.setattr(executor, "run_steps", lambda step_s: 1)
+    handle = None
+
+    def observer(step, metrics, t_done):
+        if step == 8:
+            deadline = time.monotonic() + 30
+            while not (handle._rec.tier and handle._rec.tier.pending and handle._rec.tier.pending.done()):
+                assert time.monotonic() < deadline, "the K=2 form did not compile within 30 s"
+                time.sleep(0.005)
+
+    def make(**kw):
+        return halve_step.bind({"w": np.zeros(4, np.float32)}, lambda step: {"x": np.full(4, step, np.float32)},
+                               steps=11, name="last", **kw)
+
+    with xshare.Runtime(memory="256MiB", steps_per_call=2, dispatch_ahead=0, compilation_cache=False) as rt:
+        handle = rt.submit(make(observer=observer))
+        assert rt.wait(timeout=20), [(j["name"], j["status"], j["steps_done"]) for j in rt.snapshot()["jobs"]]
+    tier = handle._rec.tier
+    assert handle.status() == "done", handle.status()
+    # The check ran, on the last two steps (the steps a tier counts: the check's single steps).
+    assert tier.note.startswith("K=2 rolled") and tier.steps_at == {1: 2}, (tier.steps_at, tier.note)
+    assert_trees_equal(handle.result()[0], plain_loop(make())[0])

@@ -233,6 +233,10 @@ class MultiCalls:
         self.settled(self.tiers.settle(job.tier, job.program.key, multi, verdict,
                                         self._make_room(job, multi) if keep else False))
         self.recorder.line(job, f"programs: {job.tier.note}")
+        # The check's steps retired here, not through the pipeline, whose retirement settles a
+        # job: if they were its last (or one of their rows failed it), this is the only settle.
+        # Without it the job stayed running with every step done, and wait() never returned.
+        self.life.settle(job)
         return True
 
     def _check(self, job: JobRecord, li: int, pos: int, multi: MultiStep) -> Verdict:
