@@ -144,7 +144,7 @@ def sweep(seed: int, tmp_path, *, fuse: bool = False, policy: str | None = None,
     cancelled: set[str] = set()
     with xshare.Runtime(**kw) as rt:
         handles: list = [None] * len(specs)
-        for wave in range(4):  # later waves arrive while the earlier ones run
+        for wave in range(4 if wide else 3):  # later waves arrive while the earlier ones run
             indices = [i for i, j in enumerate(jobs) if j["wave"] == wave]
             for i, handle in zip(indices, rt.submit_many([specs[i] for i in indices])):
                 handles[i] = handle

@@ -98,18 +98,16 @@ class _Teller:
             # (Also when the job reached its end before the cancel landed: the decision stands.)
             trial.set_user_attr(ATTR_PRUNED_AT, pruned_at)
             self.tell(trial, TrialState.PRUNED)
-        elif status == "done":
-            assert last is not None  # (done without a value raised above)
-            if math.isnan(last[1]):
+        elif status == "done" and last is not None and not math.isnan(last[1]):
+            self.tell(trial, TrialState.COMPLETE, last[1])
+        else:
+            if status == "done":
+                assert last is not None  # (done without a value raised above)
                 # Optuna takes no NaN as a trial's value: study.optimize fails a trial whose
                 # objective returns one, and so does this (told COMPLETE, it raised out of
                 # optimize and took every running trial with it).
-                trial.set_user_attr(ATTR_ERROR, f"its job ended with {self.metric}=nan at step {last[0]} "
-                                                "(Optuna takes no NaN value: the trial fails, as in study.optimize)")
-                self.tell(trial, TrialState.FAIL)
-            else:
-                self.tell(trial, TrialState.COMPLETE, last[1])
-        else:
+                error = (f"its job ended with {self.metric}=nan at step {last[0]} "
+                         "(Optuna takes no NaN value: the trial fails, as in study.optimize)")
             trial.set_user_attr(ATTR_ERROR, error or f"its job was {status} after {steps} steps")
             self.tell(trial, TrialState.FAIL)
 
