@@ -5,7 +5,8 @@
   * the feeder (``engine/source.py``): prefetch threads for slow data;
   * the dispatcher (``engine/dispatcher.py``): the one thread that owns jobs, groups and the ledger;
   * the compile pool, which runs ``prepare.py`` (a submitted job to a ``Prepared`` event);
-  * the K-step compile thread (``engine/tiers.py``).
+  * the K-step compile thread (``engine/tiers.py``), which first makes the CPU's matrix-multiply
+    kernels (``compiled/warmup.py``).
 
 The Runtime owns one ``Workers`` and says what to do (prepare these jobs, stop, close); the order
 in which the threads stop, and why, is here.
@@ -21,6 +22,7 @@ from .. import ffi
 from ..memory import Arena
 from .compiled.compiler import PROGRAMS
 from .compiled.sweeps import Sweeps
+from .compiled.warmup import warm_kernels
 from .config import COLD_COMPILE_S, RuntimeConfig
 from .engine.dispatcher import Dispatcher
 from .engine.records import JobRecord
@@ -67,6 +69,9 @@ class Workers:
         # K-step programs (tiers.py) compile on a thread of their own: a job's first program
         # never queues behind another job's promotion, and close() need not wait for them.
         self.tier_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="xshare-tiers")
+        # Idle until a job has run a few steps: meanwhile it makes the CPU's matrix-multiply
+        # kernels, which the first job's first step would otherwise wait for (warmup.py).
+        self.tier_pool.submit(warm_kernels, device)
 
     def prepare(self, jobs: list[JobRecord]) -> None:
         """Hand new jobs to the compile pool."""
