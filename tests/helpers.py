@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -132,3 +134,16 @@ def run_until_k_steps(k, make, **kw):
         if handle._rec.tier is not None and handle._rec.tier.steps_at.get(k):
             break
     return handle
+
+
+def loss_recorders(n: int) -> tuple[dict[int, list], Callable[[int], Callable]]:
+    """``(seen, observer)`` for ``n`` jobs: ``observer(i)`` is job ``i``'s observer, which
+    appends ``(step, loss)`` to ``seen[i]`` for every step it is told of."""
+    seen: dict[int, list] = {i: [] for i in range(n)}
+
+    def observer(i: int):
+        def record(step, metrics, t_done):
+            seen[i].append((step, np.asarray(metrics["loss"])))
+        return record
+
+    return seen, observer

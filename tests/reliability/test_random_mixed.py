@@ -31,6 +31,8 @@ from flax.training import train_state
 
 import xshare
 from xshare.bench.chaos import random_controls
+from tests.helpers import loss_recorders
+from tests.reliability.test_random_sweeps import train_step  # (the Flax docs' step)
 
 _rng = np.random.default_rng(3)
 BATCHES = {size: [{"x": _rng.normal(size=(size, 12)).astype(np.float32),
@@ -55,15 +57,6 @@ def initial_state(job: dict):
     net = NETS[job["width"]]
     params = net.init(jax.random.key(job["seed"]), jnp.ones((1, 12)))["params"]
     return train_state.TrainState.create(apply_fn=net.apply, params=params, tx=TXS[job["tx"]])
-
-
-def train_step(state, batch):
-    def loss_fn(params):
-        logits = state.apply_fn({"params": params}, batch["x"])
-        return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
-
-    loss, grads = jax.value_and_grad(loss_fn)(state.params)
-    return state.apply_gradients(grads=grads), {"loss": loss}
 
 
 def data(job: dict):
@@ -104,12 +97,7 @@ def mixed_sweep(seed: int, tmp_path) -> dict:
         kw["parallel_lanes"] = False
     jobs = [random_job(r, seed * 10 + i, r.choice([r.randint(1, 20), r.randint(20, 150), r.randint(150, 400)]))
             for i in range(r.randint(2, 10))]
-    seen: dict[int, list] = {i: [] for i in range(len(jobs))}
-
-    def observer(i):
-        def record(step, metrics, t_done):
-            seen[i].append((step, np.asarray(metrics["loss"])))
-        return record
+    seen, observer = loss_recorders(len(jobs))
 
     step = xshare.job(train_step, name="net")
     specs = [step.bind(initial_state(j), data(j), steps=j["steps"], name=f"j{i}", priority=j["priority"],

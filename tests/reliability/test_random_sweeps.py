@@ -29,7 +29,7 @@ from flax.training import train_state
 
 import xshare
 from xshare.bench.chaos import random_controls
-from tests.helpers import run_until_k_steps
+from tests.helpers import loss_recorders, run_until_k_steps
 
 _rng = np.random.default_rng(1)
 BATCHES = [{"x": _rng.normal(size=(16, 12)).astype(np.float32),
@@ -127,12 +127,7 @@ def sweep(seed: int, tmp_path, *, fuse: bool = False, policy: str | None = None,
         jobs.append({"seed": seed * 10 + i, "steps": steps, "every": every, "priority": r.randint(-2, 2),
                      "iterable": r.random() < 0.3 and bad is None, "wave": r.randint(0, 3 if wide else 2),
                      "bad": bad, "at": r.randrange(steps)})
-    seen: dict[int, list] = {i: [] for i in range(len(jobs))}
-
-    def observer(i):
-        def record(step, metrics, t_done):
-            seen[i].append((step, np.asarray(metrics["loss"])))
-        return record
+    seen, observer = loss_recorders(len(jobs))
 
     step = xshare.job(train_step, name="net")
     specs = [step.bind(initial_state(j["seed"]), _batches(j) if j["iterable"] else _data(j),
