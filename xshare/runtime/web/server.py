@@ -102,7 +102,9 @@ class StatusServer:
         self.rt = rt
         self.host = host
         self.port = port
-        self.token = secrets.token_urlsafe(32)
+        # Hex, not urlsafe base64: a token that began with '-' (1 in 64 of those) was read as
+        # an option by `xshare submit --token TOKEN` and refused ("expected one argument").
+        self.token = secrets.token_hex(32)
         self.submit = submit
         self.deploy, self.undeploy = deploy, undeploy
         self.repository = repository
