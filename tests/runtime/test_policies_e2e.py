@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 import time
 
 import pytest
@@ -63,23 +64,35 @@ def test_srtf_runs_a_short_late_job_ahead_of_a_long_one():
 # when an earlier test measured the program's: the suite's order decided it) the steps in flight
 # behind a job are up to dispatch_ahead calls of K steps, which fair cannot see until they ran;
 # over a 200-step window that was up to 2.5x apart at K=16 (sched/fair.py now weighs a turn
-# as a call of K steps; tests/sched/test_policies.py). The window is 400 steps: over 200, a
-# loaded machine's noise in a few step times once made the two 13% apart (the bound is 10%).
+# as a call of K steps; tests/sched/test_policies.py). The window is 1,000 steps (see below).
 @pytest.mark.parametrize("policy, fair", [("fair", True), ("fifo", False)])
 def test_fair_gives_two_equal_jobs_equal_device_time(policy, fair):
-    specs = [heavy_step.bind(heavy_state(seed=i), heavy_data(seed=i), steps=600, name=f"e{i}")
+    specs = [heavy_step.bind(heavy_state(seed=i), heavy_data(seed=i), steps=1200, name=f"e{i}")
              for i in range(2)]
     with xshare.Runtime(policy=policy, memory="256MiB", max_lanes=1, steps_per_call=1) as rt:
         handles = rt.submit_many(specs)
-        while sum(h.progress().steps_done for h in handles) < 400:
+        while sum(h.progress().steps_done for h in handles) < 1000:
             time.sleep(0.005)
         for h in handles:
             h.cancel()
-    window = rt.timeline()[:400]
-    used = {h.id: sum(r.t_end_ns - r.t_begin_ns for r in window if r.job == h.id) for h in handles}
+    window = rt.timeline()[:1000]
+    # Each step's time clipped at 3x the window's median: a step the machine preempted (a
+    # neighbour's burst) is not time the policy gave.
+    cap = 3 * statistics.median(r.t_end_ns - r.t_begin_ns for r in window)
+    used = {h.id: sum(min(r.t_end_ns - r.t_begin_ns, cap) for r in window if r.job == h.id) for h in handles}
     a, b = used.values()
     if fair:
-        assert abs(a - b) <= 0.1 * max(a, b), used
+        # fair evens device time out in turns that catch a job up by what the fences last
+        # measured (sched/fair.py), so the two take turns of ~60 ms (66 steps of 0.9 ms on this
+        # project's AMD machine), and a window cut at a step count may end inside one: over
+        # 400 steps that alone put them 10-13% apart in ~1 run of 3. Over 1,000 steps: within
+        # 10%, the turn the cut ends in aside.
+        last = 0
+        for r in reversed(window):
+            if r.job != window[-1].job:
+                break
+            last += min(r.t_end_ns - r.t_begin_ns, cap)
+        assert abs(a - b) <= 0.1 * max(a, b) + last, (used, last)
     else:  # the control: fifo gives the whole window to the first job
         assert min(a, b) == 0, used
 
