@@ -17,7 +17,9 @@ from xshare.models import mlp
 from xshare.runtime.observe import checkpoint
 from tests.helpers import assert_trees_equal, plain_loop, sigint_as_in_a_terminal
 
-STEPS = 1500
+# Long enough that the signal, sent once both jobs have a checkpoint, lands mid-run: at 1,500
+# steps (K-step calls of tiny MLPs, ~20 us a step) the launch once finished first.
+STEPS = 12000
 SPEC = """
 [runtime]
 policy = "pack"
