@@ -250,3 +250,44 @@ def test_a_steps_fingerprint_is_the_same_in_every_process():
     assert outs == {here}
     assert fingerprint(linreg_step.fn, dict(linreg_state(dim=4), n=0)) != here  # another shape
     assert fingerprint(_sgd_step(0.1), dict(linreg_state(dim=3), n=0)) != here  # another step
+
+
+def test_states_whose_counter_is_an_array_in_one_and_a_python_int_in_another_share_a_program_and_both_run():
+    """A program is shared by the jobs whose steps trace to it, but which state leaves a job
+    carries as arrays is the job's own: a ``TrainState`` whose ``step`` is an array (restored,
+    or the output of an earlier jit loop) and a fresh one, whose ``step`` is the Python int
+    ``TrainState.create`` gives it, trace to one program. The first job's promotions (none)
+    were once read off the shared program for the second, whose ``step`` then stayed static:
+    it failed at its first step with 13 state leaves where the program takes 14."""
+    import flax.linen as nn
+    import optax
+    from flax.training import train_state
+
+    net, tx = nn.Dense(3), optax.sgd(0.1)
+    batches = [{"x": np.full((4, 5), i, np.float32), "y": np.arange(4) % 3} for i in range(3)]
+
+    def step(state, batch):
+        def loss_fn(params):
+            logits = state.apply_fn({"params": params}, batch["x"])
+            return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
+        loss, grads = jax.value_and_grad(loss_fn)(state.params)
+        return state.apply_gradients(grads=grads), {"loss": loss}
+
+    job = xshare.job(step)
+
+    def fresh(seed):
+        params = net.init(jax.random.key(seed), jnp.zeros((1, 5)))["params"]
+        return train_state.TrainState.create(apply_fn=net.apply, params=params, tx=tx)
+
+    restored = fresh(0).replace(step=jnp.asarray(7, jnp.int32))  # (as a checkpoint gives it back)
+    handles = []
+    for state in (restored, fresh(1)):  # one runtime each, in this order: the second reuses the program
+        with xshare.Runtime(memory="64MiB") as rt:
+            handles.append(rt.submit(job.bind(state, batches, steps=3)))
+            rt.wait()
+    for state, handle in zip((restored, fresh(1)), handles):
+        assert handle.status() == "done", handle.error
+        want = state
+        for batch in batches:
+            want, _ = jax.jit(step)(want, batch)
+        assert_trees_equal(jax.tree.leaves(handle.result()[0]), jax.tree.leaves(want))

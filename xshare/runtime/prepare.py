@@ -82,10 +82,10 @@ class Preparation:
                 return Deferred(traced)
             else:
                 # Fused: traced and keyed only (the group compiles its own vmapped program).
-                choice, program = None, PROGRAMS.get(spec.job, spec.state, first, device=self.device,
-                                                     fenced=self.fenced, compile=not self.config.fuse,
-                                                     traced=traced)
-                promote = program.promoted
+                choice = None
+                program, promote = PROGRAMS.get_promoting(spec.job, spec.state, first, device=self.device,
+                                                          fenced=self.fenced, compile=not self.config.fuse,
+                                                          traced=traced)
             if promote:  # Python numbers the step changes are carried as arrays
                 spec = spec.replace(state=promoted(spec.state, promote))
             _, layout = layout_of(spec.state)

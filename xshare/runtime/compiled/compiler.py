@@ -111,17 +111,24 @@ class ProgramCache:
         """The program of ``job`` on (``state``, ``batch``): compiled unless ``compile=False``
         (then it is lowered and keyed, and compiles on first use). ``traced``: what ``trace``
         returned for these very arguments, so the step is not traced again."""
-        program = self._get(job, state, batch, device=device, fenced=fenced, traced=traced)
-        return program.ensure() if compile else program
+        return self.get_promoting(job, state, batch, device=device, fenced=fenced, compile=compile,
+                                  traced=traced)[0]
 
-    def _get(self, job: Any, state: Any, batch: Any, *, device: Any, fenced: bool,
-             traced: Traced | None = None) -> CompiledStep:
+    def get_promoting(self, job: Any, state: Any, batch: Any, *, device: Any, fenced: bool,
+                      compile: bool = True, traced: Traced | None = None) -> tuple[CompiledStep, frozenset]:
+        """``(get's program, the state leaves this state's trace promoted)``: Python numbers the
+        step changes, which the job carries as arrays. They belong to this request, not to the
+        program: jobs whose states differ there (``TrainState.step`` a Python ``0`` in one, an
+        array in another: a restored state) trace to one program, and each carries its own."""
         if traced is not None:  # (its promotions already settled by trace's own _promoting)
-            return self._get_layout(job, state, batch, traced.promote, device=device, fenced=fenced,
-                                    traced=traced)
-        return _promoting(job, state, lambda promote: self._get_layout(
-            job, state, batch, promote, device=device, fenced=fenced),
-            lambda program: (program.jaxpr, program.state_layout))
+            program = self._get_layout(job, state, batch, traced.promote, device=device, fenced=fenced,
+                                       traced=traced)
+            promote = traced.promote
+        else:
+            program, promote = _promoting(job, state, lambda promote: (self._get_layout(
+                job, state, batch, promote, device=device, fenced=fenced), promote),
+                lambda out: (out[0].jaxpr, layout_of(state, out[1])[1]))
+        return (program.ensure() if compile else program), promote
 
     def trace(self, job: Any, state: Any, batch: Any, *, device: Any) -> Traced:
         """``Traced(jaxpr, promoted, metric names)`` of ``job``'s step over carried arrays: traced as
@@ -218,7 +225,6 @@ class ProgramCache:
                               on_compile=self._count, device=device)
         # What constant lifting reads (sweeps.py): the jaxpr, and whether it calls the host.
         result.jaxpr, result.host_callback = jaxpr, callbacks
-        result.promoted = promote
         fut.set_result(result)
         return result
 
@@ -252,7 +258,7 @@ class ProgramCache:
                                   batch_struct=batch_struct, state_layout=ref.state_layout,
                                   batch_layout=ref.batch_layout, fenced=ref.fenced, flat=flat,
                                   lowered=lower, on_compile=self._count, device=device)
-            result.jaxpr, result.host_callback, result.promoted = None, False, ref.promoted
+            result.jaxpr, result.host_callback = None, False
             result._convolves = ref.convolves  # (it computes what ref does: payoff.unmeasured)
         except BaseException as err:
             with self._lock:

@@ -53,7 +53,6 @@ class CompiledStep:
         self._compiled: tuple[Any, Footprint, float | None] | None = None
         self._lock = threading.Lock()
         self.jaxpr: Any = None              # the unfenced step's jaxpr (for constant lifting)
-        self.promoted: frozenset = frozenset()  # Python-number state leaves carried as arrays
         self.host_callback = False          # whether it calls back into Python
         self._traced: Any = None
         self._convolves: bool | None = None
