@@ -74,6 +74,7 @@ from .placement import Placer, read_state, state_of
 from .planner import Planner
 from .records import JobRecord, Prepared, now_s
 from .rows import MetricsRows
+from .shapes import OtherShapes
 from .source import Feeding
 from .states import Event, JobState, transition
 from .tiers import Tiers
@@ -133,7 +134,8 @@ class Dispatcher:
         self.executor = executor = Executor(
             units=units, planner=self.planner, life=self.life, tiers=self.tiers, rows=self.rows,
             feeding=self.feeding, config=config, recorder=recorder, timeline=timeline, device=device,
-            ring=ring, arena=arena, tend=self.fusecheck.tend, cancel_soon=self._cancel_soon)
+            ring=ring, arena=arena, tend=self.fusecheck.tend, cancel_soon=self._cancel_soon,
+            shapes=OtherShapes(device=device, submit=submit, post=self.post, on_ready=self._shape_ready))
         # The executor's hot entry points and its pipeline, bound once (the loop runs per step).
         self._inflight = executor.inflight
         self._dispatch, self._retire_oldest, self._retire = executor.dispatch, executor.retire_oldest, executor.retire
@@ -236,6 +238,13 @@ class Dispatcher:
     def _drain_inflight(self) -> None:
         """Retire every step in flight (groups and the fusion check ask before they copy)."""
         self.executor.drain()
+
+    def _shape_ready(self, job: JobRecord) -> None:
+        """The program ``job`` waited for (its step on a batch of another shape, shapes.py) is
+        compiled: it steps again (a group member is no longer masked)."""
+        if job.group is None and job.state is S.RUNNING:
+            self.units.run(job)
+        self.units.changed = True
 
     def _cancel_soon(self, job: JobRecord) -> None:
         """Cancel ``job`` at the next step boundary (an ``on_metrics`` hook returned True)."""

@@ -32,6 +32,7 @@ from .planner import Planner
 from .records import RECENT, JobRecord, median_step_s
 from .rows import BATCH, MetricsRows
 from .source import END, BatchMismatch, DataError, Feeding, owned
+from .shapes import OtherShapes, shapes_note
 from .streams import LaneStreams
 from .tiers import WARM_STEPS, Tiers
 from .units import Units
@@ -62,8 +63,9 @@ class Executor:
     def __init__(self, *, units: Units, planner: Planner, life: Lifecycle, tiers: Tiers,
                  rows: MetricsRows, feeding: Feeding, config: RuntimeConfig, recorder: Any,
                  timeline: Any, device: Any, ring: int | None, arena: Any, tend: Callable[[Group], bool],
-                 cancel_soon: Callable[[Any], None]):
+                 cancel_soon: Callable[[Any], None], shapes: OtherShapes):
         self.units, self.planner, self.life, self.tiers, self.rows = units, planner, life, tiers, rows
+        self.shapes = shapes  # programs for batches of other shapes than a job's first
         self.feeder, self._fed = feeding.feeder, feeding.fed
         self.config, self.recorder, self.timeline, self.device, self.ring = config, recorder, timeline, device, ring
         self.tend, self.cancel_soon = tend, cancel_soon
@@ -143,10 +145,49 @@ class Executor:
             else:
                 outs = program.executable(job.arrays, batch)
         except Exception as err:  # noqa: BLE001 - e.g. a batch that does not match the compile
-            self.life.fail(job, dispatch_error(job, step, batch, err), err)
-            self.life.settle(job)
+            # (the call checks its operands before it runs: nothing was donated)
+            if self.shapes.differs(job, batch):
+                self.side_step(job, batch, li, pos)
+            else:
+                self.life.fail(job, dispatch_error(job, step, batch, err), err)
+                self.life.settle(job)
             return
         job.arrays = outs[0]
+        job.dispatched += 1
+        job.in_flight += 1
+        self.took_turn(job, li, pos)
+        self.inflight.append((job, step, outs[1], t, 1))
+        if self.host_copy:
+            outs[1].copy_to_host_async()
+        self.after_steps(job, step, 1)
+
+    def side_step(self, job: JobRecord, batch: list, li: int, pos: int) -> None:
+        """One step of a solo job on a batch of another shape than its program's (a short last
+        batch): on its step compiled for that shape (``shapes.py``), as ``jax.jit`` would
+        retrace. While that compiles the job waits off the rotation, its batch kept first."""
+        step = job.spec.start_step + job.dispatched
+        if self.shapes.first_of_its_shapes(job, batch):
+            self.recorder.line(job, f"batch {step} has other shapes than its first ({shapes_note(batch)}): "
+                                    "its step runs on a program compiled for them, as jax.jit retraces")
+        try:
+            program = self.shapes.program(job, batch)
+        except ValueError as err:
+            self.life.fail(job, f"{dispatch_error(job, step, batch, err)}; {err}", err)
+            self.life.settle(job)
+            return
+        if program is None:  # compiling: it steps again once it is (Dispatcher.shape_ready)
+            job.batches.appendleft(batch)
+            self.units.stop(job)
+            return
+        n = job.layout.n_arrays
+        arrays, t = list(job.arrays), time.monotonic_ns()
+        try:
+            outs = program.executable(arrays[:n], batch, *(() if job.ident is None else (job.ident,)))
+        except Exception as err:  # noqa: BLE001 - its step raised: it fails alone
+            self.life.fail(job, f"step {step} raised: {short_error(err)}", err)
+            self.life.settle(job)
+            return
+        job.arrays = list(outs[0]) + arrays[n:]  # (constants its fused program lifts, if any: kept)
         job.dispatched += 1
         job.in_flight += 1
         self.took_turn(job, li, pos)

@@ -65,7 +65,8 @@ class Group:
         """(slot, member) of the members that take part in the next group step."""
         running = JobState.RUNNING
         return [(i, j) for i, j in enumerate(self.slots)
-                if j is not None and j.state is running and j.error is None and j.steps_left != 0]
+                if j is not None and j.state is running and j.error is None and j.steps_left != 0
+                and j.waiting is None]  # (waiting: for its step on a batch of another shape, shapes.py)
 
     @property
     def arrival_s(self) -> float:

@@ -23,7 +23,7 @@ import numpy as np
 from ...sched import steps as ksteps
 from . import evaluation, fusecheck
 from ..compiled import fusion, multistep
-from ..causes import short_error
+from ..causes import dispatch_error, short_error
 from ..config import RuntimeConfig
 from .group import Group
 from ..compiled.multistep import MultiStep, Verdict
@@ -31,7 +31,8 @@ from ..compiled.payoff import group_key
 from .lifecycle import Lifecycle
 from .multicall import MultiCalls, _done, call, chain, compare, run_steps, scratch_ident, state_copy
 from .records import JobRecord
-from .source import END, DataError, Feeding
+from .shapes import shapes_note
+from .source import END, DataError, Feeding, owned
 from .tiers import WARM_STEPS, Candidate, Tiers, typical_step_s
 from .units import Units
 
@@ -109,8 +110,11 @@ class GroupCalls:
         smaller program. Read before, they stacked the step at the old capacity for the new
         program, and every member failed (a random sweep with ``dispatch_ahead=0``)."""
         members, group.now = group.now or group.stepping(), None
-        while self._end_unsteppable(group, members):
+        aside: set[JobRecord] = set()  # members that stepped a batch of another shape alone just now
+        while self._end_unsteppable(group, members, aside):
             members = group.stepping()  # who is left, in which slots (the group may have shrunk)
+        if aside:
+            members = [(slot, job) for slot, job in members if job not in aside]
         taken: dict[int, tuple[JobRecord, int, list]] = {}
         for slot, job in members:
             if self._fed(job):
@@ -158,25 +162,73 @@ class GroupCalls:
             outs[1].copy_to_host_async()  # (Executor.host_copy)
         self.pipeline.checkpoint_members(steps, 1)
 
-    def _end_unsteppable(self, group: Group, members: list) -> bool:
-        """Take the next item of each of ``members`` that cannot step (the end of its data, a
-        data error, a batch of another shape) and end or fail it; True if any did (the group's
-        members, slots and capacity may have changed since ``members`` was read)."""
+    def _end_unsteppable(self, group: Group, members: list, aside: set) -> bool:
+        """Take the next item of each of ``members`` that cannot step in the group (the end of
+        its data, a data error, a batch of another structure: it ends or fails; a batch of other
+        shapes: a step alone, ``side_step``, then it sits this group step out, in ``aside``);
+        True if any did (the group's members, slots and capacity may have changed since
+        ``members`` was read)."""
         ended = False
         for _, job in members:
+            if job in aside:
+                continue
             batch = job.batches[0]  # (``Feeding.ready`` found one for every stepping member)
             if batch is END or isinstance(batch, DataError):
                 self.pipeline.dispatch_marker(job, job.batches.popleft())
                 ended = True
                 continue
             bad = _shape_mismatch(batch, group.zero_batch)
-            if bad:
+            if bad and self.pipeline.shapes.differs(job, batch):
+                self.side_step(group, job)
+                aside.add(job)
+                ended = True
+            elif bad:
                 job.batches.popleft()
                 self.life.fail(job, f"batch {job.spec.start_step + job.dispatched} does not match the "
                                     f"compiled step: {bad}")
                 self.life.settle(job)
                 ended = True
         return ended
+
+    def side_step(self, group: Group, job: JobRecord) -> None:
+        """One step of a member on a batch of other shapes than its group's (a short last
+        batch): its state out of its slot, its step compiled for those shapes (``shapes.py``),
+        the new state back into the slot; the group's steps around it are the member's steps
+        before and after. While that program compiles the member waits, masked (``job.waiting``),
+        and the others step on."""
+        batch, step = job.batches[0], job.spec.start_step + job.dispatched
+        shapes = self.pipeline.shapes
+        if shapes.first_of_its_shapes(job, batch):
+            self.recorder.line(job, f"batch {step} has other shapes than its group's ({shapes_note(batch)}): "
+                                    "it steps alone on a program compiled for them, as jax.jit retraces")
+        try:
+            program = shapes.program(job, batch)
+        except ValueError as err:
+            job.batches.popleft()
+            self.life.fail(job, f"{dispatch_error(job, step, batch, err)}; {err}", err)
+            self.life.settle(job)
+            return
+        if program is None:
+            return  # compiling: masked from the group's steps until it is (its batch stays first)
+        job.batches.popleft()
+        n, slot = job.layout.n_arrays, job.slot
+        leaves = list(fusion.take(group.fused, group.arrays, slot))
+        scratch = scratch_ident(group, self.ring, self.device)
+        t = time.monotonic_ns()
+        try:
+            outs = program.executable(leaves[:n], owned(batch, self.device),
+                                      *(() if scratch is None else (scratch,)))
+        except Exception as err:  # noqa: BLE001 - its step raised: it fails alone
+            self.life.fail(job, f"step {step} raised: {short_error(err)}", err)
+            self.life.settle(job)
+            return
+        group.arrays = fusion.put(group.fused, group.arrays, list(outs[0]) + leaves[n:], slot)
+        job.dispatched += 1
+        job.in_flight += 1
+        self.pipeline.inflight.append((job, step, outs[1], t, 1))  # (retired as a solo step)
+        if job.eval is not None:
+            evaluation.due(self.units, job, step)
+        self.pipeline.checkpoint_members({slot: (job, step)}, 1)
 
     def tier_turn(self, group: Group, li: int, pos: int) -> bool:
         """A group's turn at its tiers: True if this turn's steps ran here."""

@@ -162,6 +162,10 @@ class JobRecord:
     shared: bool = False                  # other jobs of its family run its program (fused runtimes)
     unfused: str | None = None            # why it never fuses (fusing does not pay: compiled/payoff.py)
     tier: Any = None                      # its K-step program, if promoted (tiers.JobTier)
+    # Its step compiled for batches of other shapes than its first (shapes.py), by signature,
+    # and the compile it waits for now (None: it is not waiting).
+    other_programs: dict | None = None
+    waiting: Any = None
     # Counters (the dispatcher's).
     dispatched: int = 0                   # steps dispatched since start_step
     steps_done: int = 0                   # steps completed since start_step

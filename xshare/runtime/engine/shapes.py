@@ -1,0 +1,140 @@
+"""Batches of another shape than a job's first: stepped on its step's program for that shape.
+
+``jax.jit`` traces a step again for arguments of new shapes, so a loop whose last batch is
+short (``range(0, n, batch)`` without dropping the remainder, every epoch's partial batch) just
+runs. A job's program is compiled for its first batch's shapes; a later batch of the same
+structure but other shapes or dtypes runs on the same step compiled for those (``PROGRAMS``: one
+compile per shape per step function, shared by every job of the step, as jax.jit's cache is),
+on the job's own state, which keeps its avals. Its next batches of the first shape go back to
+its program, K-step forms and fused group included: a step of another shape is a *side step*,
+one call, between the job's ordinary ones, with the same donation, fences and accounting.
+
+The side program compiles on the runtime's background thread (the K-step programs' one, see
+``tiers.py``); meanwhile only that job waits (off the rotation, or masked in its group), the
+other jobs keep stepping. The common case costs nothing: the one-step call rejects a batch
+that is not its shapes before it runs (nothing is donated), K-step calls and runs already stop
+before a batch that does not fit (``multicall.ready_batches``), and a group checks its members'
+batches every step (``multigroup._shape_mismatch``). Dispatcher thread only, except the compile.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from typing import Any, Callable
+
+import numpy as np
+
+from ..causes import short_error
+from ..compiled.compiler import PROGRAMS, _avals
+
+
+def signature(leaves: Any) -> tuple:
+    """(shape, dtype) of each of a batch's leaves."""
+    return tuple((tuple(np.shape(x)), np.dtype(getattr(x, "dtype", None) or np.asarray(x).dtype))
+                 for x in leaves)
+
+
+def compiled_signature(program: Any) -> tuple:
+    """The (shape, dtype) of each batch leaf ``program`` was compiled for."""
+    return tuple((tuple(s.shape), np.dtype(s.dtype)) for s in program.batch_struct)
+
+
+class OtherShapes:
+    """Each job's programs for batches of other shapes than its first, by signature.
+
+    ``program(job, batch)`` answers the one to call now, or None while it compiles (the job
+    waits: ``job.waiting``, and ``on_ready(job)`` runs on the dispatcher thread once it is
+    compiled), or raises ``ValueError`` with the reason the batch cannot run (another structure,
+    a program that would not fit the memory the job was admitted with, a compile that failed)."""
+
+    def __init__(self, *, device: Any, submit: Callable[[Callable[[], Any]], Future] | None,
+                 post: Callable[..., Any], on_ready: Callable[[Any], None]):
+        self.device, self._submit, self._post, self._on_ready = device, submit, post, on_ready
+
+    @staticmethod
+    def differs(job: Any, batch: Any) -> bool:
+        """Whether ``batch`` (flat leaves) has the job's batch structure but other shapes or
+        dtypes than its program was compiled for: a side step, not a failure."""
+        program = job.program
+        if program is None or type(batch) not in (list, tuple) or len(batch) != len(program.batch_struct):
+            return False
+        return signature(batch) != compiled_signature(program)
+
+    @staticmethod
+    def first_of_its_shapes(job: Any, batch: Any) -> bool:
+        """Whether no batch of the job had ``batch``'s shapes before (its log says so once)."""
+        return job.other_programs is None or signature(batch) not in job.other_programs
+
+    def program(self, job: Any, batch: Any) -> Any:
+        sig = signature(batch)
+        programs = job.other_programs
+        if programs is None:
+            programs = job.other_programs = {}
+        fut = programs.get(sig)
+        if fut is None:
+            fut = programs[sig] = self._compile(job, batch)
+        if not fut.done():
+            job.waiting = fut
+            return None
+        job.waiting = None
+        try:
+            program = fut.result()
+        except Exception as err:  # noqa: BLE001 - the job fails with the reason (the caller)
+            raise ValueError(f"its step does not compile for those shapes: {short_error(err)}") from err
+        self._fits(job, program)
+        return program
+
+    def _compile(self, job: Any, batch: Any) -> Future:
+        """The job's step on its state and a batch of ``batch``'s shapes, compiled off the
+        dispatcher (on it where the runtime has no background thread)."""
+        spec, main = job.spec, job.program
+        tree = job.batch_layout.merge(list(batch))
+        fenced, device = main.fenced, self.device
+
+        def build() -> Any:
+            return PROGRAMS.get(spec.job, spec.state, tree, device=device, fenced=fenced)
+
+        if self._submit is None:
+            fut: Future = Future()
+            try:
+                fut.set_result(build())
+            except Exception as err:  # noqa: BLE001 - reported when the job asks
+                fut.set_exception(err)
+            return fut
+        fut = self._submit(build)
+        # (a done callback runs on the compiling thread: the job's record is the dispatcher's)
+        fut.add_done_callback(lambda _: self._post(self._landed, job, fut))
+        return fut
+
+    def _landed(self, job: Any, fut: Future) -> None:
+        if job.waiting is fut:
+            job.waiting = None
+            if not job.terminal:
+                self._on_ready(job)
+
+    def _fits(self, job: Any, program: Any) -> None:
+        """The side program runs on the job's own state and in the memory it was admitted
+        with: its state's avals must be the job's, and its footprint no larger."""
+        main = job.program
+        n = job.layout.n_arrays
+        if _avals(program.state_struct) != _avals(main.state_struct)[:n] or program.metric_names != main.metric_names:
+            raise ValueError("its step on those shapes returns a state or metrics of other shapes than "
+                             "on its first batch's; give every batch the first's shapes")
+        # (a group member's own program may never have compiled: its memory is the group's,
+        # which holds its members' states; a side step's temporaries are then not weighed)
+        if main.compiled:
+            need, have = program.footprint.total, main.footprint.total
+            if need > have:
+                raise ValueError(
+                    f"its step on those shapes needs {need:,} bytes, more than the {have:,} it was "
+                    "admitted with for its first batch's; make the first batch the largest, or pad "
+                    "the others to its shape")
+
+
+def shapes_note(batch: Any) -> str:
+    """A batch's leaves' shapes, for a job's log."""
+    return _shapes(signature(batch))
+
+
+def _shapes(sig: tuple) -> str:
+    return ", ".join(f"{dtype}{list(shape)}" for shape, dtype in sig)
