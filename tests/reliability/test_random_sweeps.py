@@ -35,6 +35,10 @@ _rng = np.random.default_rng(1)
 BATCHES = [{"x": _rng.normal(size=(16, 12)).astype(np.float32),
             "y": _rng.integers(0, 4, size=(16,)).astype(np.int32)} for _ in range(24)]
 EVAL = BATCHES[:2]
+# The same batches with every eighth one short (10 rows of 16): the last batch of an epoch that
+# does not drop its remainder. jax.jit traces the step again for it; so does the runtime
+# (engine/shapes.py), between the job's K-step calls and in its fused group.
+SHORT = [{"x": b["x"][:10], "y": b["y"][:10]} if i % 8 == 7 else b for i, b in enumerate(BATCHES)]
 POLICIES = xshare.POLICIES
 
 
@@ -67,21 +71,22 @@ def eval_step(state, batch):
     return {"accuracy": (logits.argmax(-1) == batch["y"]).mean()}
 
 
-def data(seed: int):
-    return lambda k: BATCHES[(k + 5 * seed) % len(BATCHES)]
+def data(seed: int, short: bool = False):
+    batches = SHORT if short else BATCHES
+    return lambda k: batches[(k + 5 * seed) % len(batches)]
 
 
 _PLAIN = jax.jit(train_step, donate_argnums=0)
 _EVAL = jax.jit(eval_step)
 
 
-def plain_loop(seed: int, steps: int, every: int | None = None) -> tuple:
+def plain_loop(seed: int, steps: int, every: int | None = None, short: bool = False) -> tuple:
     """The final state, every step's loss and ``{step: mean accuracy}`` after each evaluation
     (every ``every`` steps and after the last; steps counted from 0, as the metrics rows)."""
     state = jax.tree.map(lambda x: jnp.array(x, copy=True), initial_state(seed))
     losses, evals = [], {}
     for k in range(steps):
-        state, metrics = _PLAIN(state, data(seed)(k))
+        state, metrics = _PLAIN(state, data(seed, short)(k))
         losses.append(np.asarray(metrics["loss"]))
         if every is not None and ((k + 1) % every == 0 or k + 1 == steps):
             evals[k] = float(np.mean([float(_EVAL(state, b)["accuracy"]) for b in EVAL]))
@@ -96,12 +101,14 @@ def warm(k: int) -> None:
 
 
 def sweep(seed: int, tmp_path, *, fuse: bool = False, policy: str | None = None, k: int | str | None = None,
-          checkpoints: bool | None = None, failures: bool = False, wide: bool = False) -> dict:
+          checkpoints: bool | None = None, failures: bool = False, wide: bool = False,
+          short: bool = False) -> dict:
     """A random sweep (from ``seed``; ``policy``, ``k`` and ``checkpoints`` fix those choices;
     ``failures``: some jobs' data raises at a random step, or turns a loss non-finite there
     under ``nan_policy="fail"``; ``wide``: a fused sweep of up to 12 jobs in four waves, its
     groups growing and shrinking as they come and go, with shallow pipelines, sometimes a
-    capacity floor, and results kept on disk, not in memory, when it checkpoints); returns what
+    capacity floor, and results kept on disk, not in memory, when it checkpoints; ``short``: some
+    jobs' data has a short batch every eighth, ``SHORT``); returns what
     each job saw, how it ended, the K-step calls its jobs made and what it was."""
     r = random.Random(seed)
     kw: dict = {"policy": r.choice(POLICIES), "memory": "256MiB", "log_dir": tmp_path / "logs",
@@ -126,7 +133,7 @@ def sweep(seed: int, tmp_path, *, fuse: bool = False, policy: str | None = None,
         bad = r.choice([None, "raise", "nan"]) if failures else None
         jobs.append({"seed": seed * 10 + i, "steps": steps, "every": every, "priority": r.randint(-2, 2),
                      "iterable": r.random() < 0.3 and bad is None, "wave": r.randint(0, 3 if wide else 2),
-                     "bad": bad, "at": r.randrange(steps)})
+                     "bad": bad, "at": r.randrange(steps), "short": short and r.random() < 0.7})
     seen, observer = loss_recorders(len(jobs))
 
     step = xshare.job(train_step, name="net")
@@ -157,7 +164,7 @@ def sweep(seed: int, tmp_path, *, fuse: bool = False, policy: str | None = None,
 def _data(job: dict):
     """The job's data: its batches, or (``bad``) a batch that raises or makes the loss NaN at
     step ``at``."""
-    batches = data(job["seed"])
+    batches = data(job["seed"], job["short"])
     if job["bad"] is None:
         return batches
 
@@ -171,7 +178,7 @@ def _data(job: dict):
 
 def _batches(job: dict) -> list:
     """The job's batches as a list (data given as an iterable, not a function of the step)."""
-    return [data(job["seed"])(k) for k in range(job["steps"])]
+    return [data(job["seed"], job["short"])(k) for k in range(job["steps"])]
 
 
 def _controls(rt, handles, r: random.Random, cancelled: set) -> None:
@@ -194,11 +201,11 @@ def check(run: dict, *, exact: bool) -> None:
                                          if job["bad"] == "raise" else
                                          f"non-finite metric loss=nan at step {at} (nan_policy='fail')"), where
             assert steps == list(range(at + (job["bad"] == "nan"))), f"{where}: the observer saw steps {steps[-8:]}"
-            _, losses, _ = plain_loop(job["seed"], at)
+            _, losses, _ = plain_loop(job["seed"], at, short=job["short"])
             np.testing.assert_allclose(np.array(got[:at]), np.array(losses), rtol=0 if exact else 1e-3,
                                        atol=0 if exact else 1e-5, err_msg=where)
             continue
-        state, losses, evals = plain_loop(job["seed"], job["steps"], job["every"])
+        state, losses, evals = plain_loop(job["seed"], job["steps"], job["every"], job["short"])
         assert steps == list(range(job["steps"])), f"{where}: the observer saw steps {steps[:8]}..."
         if exact:
             bad = [k for k in range(job["steps"]) if not np.array_equal(got[k], losses[k])]
@@ -249,6 +256,21 @@ def test_a_wide_random_fused_sweep_whose_groups_grow_and_shrink_sees_every_step_
 @pytest.mark.parametrize("seed", range(200, 240))
 def test_many_wide_random_fused_sweeps_see_every_step_once(seed, tmp_path):
     check(sweep(seed, tmp_path, wide=True, failures=seed % 2 == 0), exact=False)
+
+
+@pytest.mark.parametrize("seed,fuse", [(21, False), (22, True)])
+def test_random_sweeps_whose_data_has_short_batches_match_the_plain_loop(seed, fuse, tmp_path):
+    """Short batches (engine/shapes.py) under a random policy, K, pipeline, checkpoints and
+    controls: exact unfused, every step once and close fused (members step them alone)."""
+    warm(4)
+    check(sweep(seed, tmp_path, k=None if fuse else 4, wide=fuse, failures=True, short=True), exact=not fuse)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(300, 330))
+def test_many_random_sweeps_whose_data_has_short_batches_match_the_plain_loop(seed, tmp_path):
+    check(sweep(seed, tmp_path, fuse=seed % 3 == 0, wide=seed % 3 == 1, failures=seed % 2 == 0, short=True),
+          exact=seed % 3 == 2)
 
 
 def stopped_and_resumed(seed: int, tmp_path) -> None:

@@ -143,13 +143,13 @@ def test_a_later_job_its_familys_program_covers_is_never_lowered_alone_and_compu
         while handles[0].progress().steps_done < 20:
             time.sleep(0.001)
         lowered = []
-        get = PROGRAMS.get
-        monkeypatch.setattr(PROGRAMS, "get", lambda *a, **k: lowered.append(1) or get(*a, **k))
+        get = PROGRAMS.get_promoting  # (what PROGRAMS.get calls too)
+        monkeypatch.setattr(PROGRAMS, "get_promoting", lambda *a, **k: lowered.append(1) or get(*a, **k))
         later = rt.submit(_baked(lrs[2], dim, 2, linreg_data(dim=dim, seed=2), steps=100, name="later"))
         handles.append(later)
         seen = _watch(rt, handles)
         rt.wait()
-        monkeypatch.setattr(PROGRAMS, "get", get)
+        monkeypatch.setattr(PROGRAMS, "get_promoting", get)
     assert all(h.status() == "done" for h in handles), [h.error for h in handles]
     assert lowered == [], "the covered job was lowered on its own"
     assert seen == {4}
@@ -177,8 +177,8 @@ def test_a_covered_job_is_posted_before_a_new_shapes_job_of_its_call_is_lowered(
         while handles[0].progress().steps_done < 20:
             time.sleep(0.001)
         order = []
-        get, post = PROGRAMS.get, rt._dispatcher.post
-        monkeypatch.setattr(PROGRAMS, "get", lambda job, state, *a, **k: (
+        get, post = PROGRAMS.get_promoting, rt._dispatcher.post  # (what PROGRAMS.get calls too)
+        monkeypatch.setattr(PROGRAMS, "get_promoting", lambda job, state, *a, **k: (
             order.append(("lowered", state["w"].shape[0])), get(job, state, *a, **k))[1])
         monkeypatch.setattr(rt._dispatcher, "post", lambda fn, *args: (
             order.append((fn.__name__, args[0].name)) if fn.__name__ == "compiled" else None, post(fn, *args))[1])
