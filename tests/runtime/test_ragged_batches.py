@@ -130,21 +130,37 @@ def test_members_of_a_fused_group_step_their_short_batches_alone_and_the_others_
     assert fused >= 3 * (STEPS - EPOCHS) * 0.9, fused  # (the full batches stepped fused)
 
 
-def test_a_batch_larger_than_the_first_fails_its_job_alone_and_says_why():
-    """The job was admitted for its first batch's memory: a larger one later fails it (the
-    message names the shapes and the fix); the job beside it ends exact."""
-    def growing():
-        yield {"x": X[:8], "y": Y[:8]}
-        yield {"x": X[:8], "y": Y[:8]}
-        yield {"x": X, "y": Y}  # 200 rows where the first had 8
+def growing():
+    """A job whose first batches are the short ones."""
+    yield {"x": X[:8], "y": Y[:8]}
+    yield {"x": X[:8], "y": Y[:8]}
+    yield {"x": X, "y": Y}  # 200 rows where the first had 8
 
+
+def test_a_batch_larger_than_the_first_grows_the_jobs_reservation_where_the_arena_has_room():
     with xshare.Runtime(policy="fifo", memory="256MiB") as rt:
+        handle = rt.submit(JOB.bind(trainstate(0), growing(), steps=3, name="grows"))
+        rt.wait()
+    assert handle.status() == "done", handle.error
+    step, state = jax.jit(train_step), trainstate(0)
+    for batch in growing():
+        state, _ = step(state, batch)
+    assert_trees_equal(handle.result()[0], state)
+    first = handle._rec.program.with_staging(1)
+    assert handle._rec.footprint.ephemeral > first.ephemeral  # (charged for the larger program)
+
+
+def test_a_batch_larger_than_the_arena_has_room_for_fails_its_job_alone_and_says_why():
+    """Admitted for its first batch's memory in an arena too small for its larger batch: that
+    job fails at that batch (the message names the shapes and the fix); the job beside it ends
+    exact."""
+    with xshare.Runtime(policy="fifo", memory="64KiB") as rt:
         bad = rt.submit(JOB.bind(trainstate(0), growing(), steps=3, name="grows"))
         good = rt.submit(JOB.bind(trainstate(1), epochs(1), steps=STEPS, name="fine"))
         rt.wait()
     assert bad.status() == "failed"
     assert bad.error.startswith("batch 2 does not match the compiled step: expected {"), bad.error
-    assert "make the first batch the largest" in bad.error, bad.error
+    assert "the arena has no room for more now; make the first batch the largest" in bad.error, bad.error
     assert bad.progress().steps_done == 2
     assert good.status() == "done", good.error
     assert_trees_equal(good.result()[0], plain(1)[0])

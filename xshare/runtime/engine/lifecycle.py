@@ -128,6 +128,7 @@ class Lifecycle:
         # paths and metadata: tens of KiB a job), its program read as data, its lifted
         # constants. A finished job answers from host_state, its counters and its tier.
         job.layout = job.batch_layout = job.traced = job.lifted = job.now = None
+        job.other_programs = job.waiting = None  # (its programs for other shapes: shapes.py)
         self.units.changed = True
         self.flush()
         self.recorder.line(job, f"{job.state.value} after {job.steps_done} steps")

@@ -19,6 +19,7 @@ batches every step (``multigroup._shape_mismatch``). Dispatcher thread only, exc
 
 from __future__ import annotations
 
+import dataclasses
 from concurrent.futures import Future
 from typing import Any, Callable
 
@@ -30,8 +31,12 @@ from ..compiled.compiler import PROGRAMS, _avals
 
 def signature(leaves: Any) -> tuple:
     """(shape, dtype) of each of a batch's leaves."""
-    return tuple((tuple(np.shape(x)), np.dtype(getattr(x, "dtype", None) or np.asarray(x).dtype))
-                 for x in leaves)
+    return tuple((tuple(np.shape(x)), _dtype(x)) for x in leaves)
+
+
+def _dtype(x: Any) -> np.dtype:
+    dtype = getattr(x, "dtype", None)  # (not ``or``: a dtype without fields is falsy)
+    return np.dtype(dtype) if dtype is not None else np.asarray(x).dtype
 
 
 def compiled_signature(program: Any) -> tuple:
@@ -44,12 +49,15 @@ class OtherShapes:
 
     ``program(job, batch)`` answers the one to call now, or None while it compiles (the job
     waits: ``job.waiting``, and ``on_ready(job)`` runs on the dispatcher thread once it is
-    compiled), or raises ``ValueError`` with the reason the batch cannot run (another structure,
-    a program that would not fit the memory the job was admitted with, a compile that failed)."""
+    compiled), or raises ``ValueError`` with the reason the batch cannot run (a step that does
+    not compile for it or returns another state, a program larger than the job's reservation
+    when the arena has no room to grow it)."""
 
-    def __init__(self, *, device: Any, submit: Callable[[Callable[[], Any]], Future] | None,
-                 post: Callable[..., Any], on_ready: Callable[[Any], None]):
-        self.device, self._submit, self._post, self._on_ready = device, submit, post, on_ready
+    def __init__(self, *, device: Any, arena: Any, staging: int,
+                 submit: Callable[[Callable[[], Any]], Future] | None, post: Callable[..., Any],
+                 on_ready: Callable[[Any], None]):
+        self.device, self.arena, self.staging = device, arena, staging
+        self._submit, self._post, self._on_ready = submit, post, on_ready
 
     @staticmethod
     def differs(job: Any, batch: Any) -> bool:
@@ -101,7 +109,11 @@ class OtherShapes:
             except Exception as err:  # noqa: BLE001 - reported when the job asks
                 fut.set_exception(err)
             return fut
-        fut = self._submit(build)
+        try:
+            fut = self._submit(build)
+        except RuntimeError:  # (the runtime is closing: its background thread takes no more)
+            self._submit = None
+            return self._compile(job, batch)
         # (a done callback runs on the compiling thread: the job's record is the dispatcher's)
         fut.add_done_callback(lambda _: self._post(self._landed, job, fut))
         return fut
@@ -113,22 +125,30 @@ class OtherShapes:
                 self._on_ready(job)
 
     def _fits(self, job: Any, program: Any) -> None:
-        """The side program runs on the job's own state and in the memory it was admitted
-        with: its state's avals must be the job's, and its footprint no larger."""
+        """The side program runs on the job's own state: its state's avals must be the job's.
+        And in the job's lane: a program that needs more (a batch larger than the first, whose
+        footprint admission charged) grows the job's reservation if the arena has the room."""
         main = job.program
         n = job.layout.n_arrays
         if _avals(program.state_struct) != _avals(main.state_struct)[:n] or program.metric_names != main.metric_names:
             raise ValueError("its step on those shapes returns a state or metrics of other shapes than "
                              "on its first batch's; give every batch the first's shapes")
-        # (a group member's own program may never have compiled: its memory is the group's,
-        # which holds its members' states; a side step's temporaries are then not weighed)
-        if main.compiled:
-            need, have = program.footprint.total, main.footprint.total
-            if need > have:
-                raise ValueError(
-                    f"its step on those shapes needs {need:,} bytes, more than the {have:,} it was "
-                    "admitted with for its first batch's; make the first batch the largest, or pad "
-                    "the others to its shape")
+        fp = job.footprint
+        if job.group is not None or fp is None or not job.in_ledger:
+            # (a member's memory is its group's: the group step's temporaries, for every slot,
+            # are what a member's step alone needs many times over)
+            return
+        side = program.with_staging(self.staging)
+        staging, ephemeral = max(fp.staging, side.staging), max(fp.ephemeral, side.ephemeral)
+        if (staging, ephemeral) == (fp.staging, fp.ephemeral):
+            return
+        if not self.arena.resize(job.id, fp.persistent + staging, ephemeral):
+            raise ValueError(
+                f"its step on those shapes needs {fp.persistent + staging + ephemeral:,} bytes with its "
+                f"staged batches, more than the {fp.total:,} it was admitted with, and the arena has no "
+                "room for more now; make the first batch the largest, pad the others to its shape, "
+                "or give the runtime more memory")
+        job.footprint = dataclasses.replace(fp, staging=staging, ephemeral=ephemeral)
 
 
 def shapes_note(batch: Any) -> str:
