@@ -176,3 +176,26 @@ def test_a_batch_of_another_structure_still_fails_with_the_compiled_one():
         rt.wait()
     assert handle.status() == "failed"
     assert "does not match the compiled step" in handle.error, handle.error
+
+
+def test_the_nnx_tutorials_step_takes_short_batches_as_nnx_jit_does():
+    """The NNX tutorial's in-place step (BatchNorm, Dropout, typed keys) via ``xshare.nnx.job``,
+    every seventh batch short: the objects end as ``nnx.jit``'s, bit for bit."""
+    from flax import nnx
+
+    from tests.users import harness, test_nnx_tutorial as tut
+
+    def short(seed):
+        full = tut.data(seed)
+        return lambda k: ({key: v[:5] for key, v in full(k).items()} if k % 7 == 6 else full(k))
+
+    steps = 30
+    with xshare.Runtime(memory="256MiB", steps_per_call=4) as rt:
+        handle = rt.submit(tut.spec(3, steps=steps, batches=short(3)))
+        rt.wait()
+    assert handle.status() == "done", handle.error
+    model, optimizer = tut.objects(3)
+    step = nnx.jit(tut.train_step.fn)
+    for k in range(steps):
+        step(model, optimizer, short(3)(k))
+    harness.assert_states_equal(tut.canon(handle.result()[0]), nnx.state((model, optimizer)), what="short")
