@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import xshare
+from xshare.runtime.engine.streams import parallel_streams
 from xshare.runtime.observe.schema import validate
 from tests.helpers import assert_trees_equal, linreg_data, linreg_state, linreg_step, plain_loop
 
@@ -69,7 +70,8 @@ def test_a_member_does_not_depend_on_what_the_other_slots_hold():
 
 def test_fused_jobs_run_in_one_group_with_one_program():
     specs = _specs(4, steps=200)
-    with xshare.Runtime(policy="pack", memory="256MiB", fuse="always") as rt:
+    # (one execution stream: one group; with lanes side by side the jobs split over them, below)
+    with xshare.Runtime(policy="pack", memory="256MiB", fuse="always", parallel_lanes=False) as rt:
         handles = rt.submit_many(specs)
         while any(h.progress().steps_done < 20 for h in handles):
             time.sleep(0.002)
@@ -83,6 +85,32 @@ def test_fused_jobs_run_in_one_group_with_one_program():
     assert sum(groups[0]["steps_per_call"].values()) == groups[0]["steps"] >= 20
     assert groups[0]["programs"]
     assert validate(snap) == []
+
+
+def test_jobs_fused_together_split_into_a_group_per_parallel_stream_on_one_program():
+    """On a CPU whose lanes run side by side, jobs submitted together open one group per
+    execution stream (two groups of two on this project's 2-core machine), each on a lane of
+    its own, all on one program; every member bit-identical to the vmapped loop at that
+    capacity."""
+    streams = parallel_streams(jax.devices()[0], True)
+    if streams < 2:
+        pytest.skip("one core: one execution stream, one group")
+    specs = _specs(4, steps=200)
+    with xshare.Runtime(policy="pack", memory="256MiB", fuse="always") as rt:
+        handles = rt.submit_many(specs)
+        while any(h.progress().steps_done < 20 for h in handles):
+            time.sleep(0.002)
+        snap = rt.snapshot()
+        rt.wait()
+    groups = snap["groups"]
+    assert len(groups) == 2 and [g["capacity"] for g in groups] == [2, 2], groups
+    assert sorted(m for g in groups for m in g["members"]) == [s.name for s in specs]
+    assert len({g["lane"] for g in groups}) == 2, groups  # (a lane, hence a stream, each)
+    assert len({g["program"] for g in groups}) == 1, groups
+    for h, spec in zip(handles, specs):
+        pair = [s for s in specs if any(spec.name in g["members"] and s.name in g["members"] for g in groups)]
+        want = vmapped_loop(pair, 2, 200)[pair.index(spec)]
+        assert_trees_equal(h.result()[0], want)
 
 
 def test_one_member_with_a_bad_batch_fails_alone():

@@ -57,7 +57,10 @@ def test_a_group_keeps_the_floors_slots_as_members_leave(floor, after):
     steps = 400
     specs = [linreg_step.bind(linreg_state(dim=dim, seed=i), _slow(dim, i, steps), steps=None, name=f"j{i}")
              for i in range(8)]
-    with xshare.Runtime(policy="pack", memory="256MiB", fuse="always", group_capacity=floor) as rt:
+    # (one execution stream: one group of the eight, as under the floor; with lanes side by
+    # side they would open a group per stream: test_fusion.py)
+    with xshare.Runtime(policy="pack", memory="256MiB", fuse="always", group_capacity=floor,
+                        parallel_lanes=False) as rt:
         handles = rt.submit_many(specs)
         while handles[0].progress().steps_done < 20:
             time.sleep(0.001)

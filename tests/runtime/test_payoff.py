@@ -119,7 +119,8 @@ def _key(spec, fenced):
 
 def test_jobs_of_a_program_measured_to_lose_run_alone_and_explain_says_why(verdicts, tmp_path):
     specs = _specs(4)
-    with xshare.Runtime(policy="pack", memory="256MiB", fuse=True, log_dir=tmp_path) as rt:
+    # (one execution stream: the one group of 4 slots LOSES is measured for)
+    with xshare.Runtime(policy="pack", memory="256MiB", fuse=True, log_dir=tmp_path, parallel_lanes=False) as rt:
         verdicts.put(_key(specs[0], rt.fences), LOSES)
         plan = rt.explain(specs)
         handles = rt.submit_many(specs)
@@ -161,7 +162,7 @@ def test_a_group_measured_to_lose_dissolves_and_its_members_finish_alone_without
         # the machine: the dissolve lands early in the group's 200 steps
         PROGRAMS.get(specs[0].job, specs[0].state, specs[0].data(0), device=jax.devices()[0],
                      fenced=fenced).ensure()
-    with xshare.Runtime(policy="pack", memory="256MiB", fuse=True, log_dir=tmp_path) as rt:
+    with xshare.Runtime(policy="pack", memory="256MiB", fuse=True, log_dir=tmp_path, parallel_lanes=False) as rt:
         handles = rt.submit_many(specs)
         rt.wait()
         snap = rt.snapshot()

@@ -18,6 +18,8 @@ import pytest
 from flax.training import train_state
 
 import xshare
+from xshare.runtime.engine.streams import parallel_streams
+from xshare.sched.capacity import parallel_groups
 from tests.helpers import assert_trees_equal
 from xshare.runtime.compiled.compiler import PROGRAMS
 
@@ -87,7 +89,7 @@ def test_train_states_with_their_own_tx_objects_are_one_program_and_bit_identica
 
 
 @pytest.mark.parametrize("family", ["adam", "sgd-cosine-wd"])
-def test_a_sweep_with_baked_hyperparameters_fuses_as_one_group_and_honours_each(family):
+def test_a_sweep_with_baked_hyperparameters_fuses_as_one_program_and_honours_each(family):
     lrs = [0.0, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-4, 1e-4]
     width = 23 if family == "adam" else 29
 
@@ -112,7 +114,9 @@ def test_a_sweep_with_baked_hyperparameters_fuses_as_one_group_and_honours_each(
         fused = rt._dispatcher.fused_member_steps
     assert all(h.status() == "done" for h in handles), [h.error for h in handles]
     assert PROGRAMS.compiles - before == 1, "the sweep is one (fused, lifted) program"
-    assert len(groups) == 1 and fused == 8 * 40
+    # one group per execution stream that runs beside the others (two on this project's 2-core
+    # CPU), every one on that program: sched/capacity.py, parallel_groups
+    assert len(groups) == parallel_groups(8, parallel_streams(jax.devices()[0], True)) and fused == 8 * 40
     for lr, h, spec in zip(lrs, handles, specs):
         got = h.result()[0]
         ref = _plain(spec.state, 40)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from xshare.sched.capacity import floor_capacity, open_capacity, opens_alone, pow2, shrink_pays, shrink_target
+from xshare.sched.capacity import (floor_capacity, open_capacity, opens_alone, parallel_groups, pow2, shrink_pays,
+                                   shrink_target, split_capacity)
 
 
 @pytest.mark.parametrize("n, want", [(0, 1), (1, 1), (2, 2), (3, 4), (4, 4), (5, 8), (8, 8), (9, 16)])
@@ -28,6 +29,27 @@ OPEN = [
 @pytest.mark.parametrize("why, joining, floor, want", OPEN, ids=[c[0] for c in OPEN])
 def test_open_capacity(why, joining, floor, want):
     assert open_capacity(joining, floor) == want
+
+
+SPLIT = [
+    # (why, joining, streams, group_capacity, groups, slots each)
+    ("one stream (a GPU, or lanes one after another): one group of all", 8, 1, None, 1, 8),
+    ("two streams (a 2-core CPU): a group of four on each", 8, 2, None, 2, 4),
+    ("three jobs on two streams: no group of one, so one group", 3, 2, None, 1, 4),
+    ("four jobs on two streams: two groups of two", 4, 2, None, 2, 2),
+    ("six on four streams: three groups of two (never a group of one)", 6, 4, None, 3, 2),
+    ("five on two streams: four, and the fifth in a group of its own (4-slot steps on each "
+     "core at once: about half one 8-slot step on one)", 5, 2, None, 2, 4),
+    ("sixteen on eight streams", 16, 8, None, 8, 2),
+    ("under a floor (a study) one group: its refills join it without a compile", 8, 2, 8, 1, 8),
+]
+
+
+@pytest.mark.parametrize("why, joining, streams, floor, groups, slots", SPLIT, ids=[c[0] for c in SPLIT])
+def test_parallel_groups_and_their_capacity(why, joining, streams, floor, groups, slots):
+    assert parallel_groups(joining, streams, floor) == groups
+    assert split_capacity(joining, streams, floor) == slots
+    assert groups * slots >= joining  # room for every job that joins
 
 
 ALONE = [

@@ -15,7 +15,7 @@ import os
 import threading
 from typing import Any
 
-from ..sched.capacity import open_capacity, opens_alone
+from ..sched.capacity import open_capacity, opens_alone, split_capacity
 from .observe import checkpoint, released
 from .engine import evaluation
 from .compiled import fusion, lifting
@@ -28,6 +28,7 @@ from .engine.groups import GROUP_COMPILING
 from .engine.records import JobRecord, Prepared
 from .observe.recorder import job_dir
 from .engine.source import END, BatchSource
+from .engine.streams import parallel_streams
 from .compiled.sweeps import Choice
 
 log = logging.getLogger("xshare.runtime")
@@ -49,6 +50,11 @@ class Preparation:
                  fenced: bool):
         self.config, self.device, self.recorder = config, device, recorder
         self._dispatcher, self._sweeps, self.fenced = dispatcher, sweeps, fenced
+        self.streams = parallel_streams(device, config.parallel_lanes)  # (groups split over them)
+
+    def capacity(self, joining: int) -> int:
+        """The slots of the groups ``joining`` jobs open (``Groups.join`` opens the same)."""
+        return split_capacity(joining, self.streams, self.config.group_capacity)
 
     def prepare(self, job: JobRecord) -> None:
         """On the compile pool: restore a checkpoint, peek the first batch, compile the program."""
@@ -231,7 +237,7 @@ class Preparation:
             key = prep.program.key
             first.setdefault(key, i)
             if key not in ready:
-                ready[key] = fusion.loads(prep.program, open_capacity(prep.fuse_hint, self.config.group_capacity),
+                ready[key] = fusion.loads(prep.program, self.capacity(prep.fuse_hint),
                                           self.device, fenced=fenced, **self.config.staging)
         fused.sort(key=lambda item: (not ready[item[1].program.key], first[item[1].program.key]))
         # No job waits for a compile when a ready program could run it: jobs whose group program
@@ -256,7 +262,7 @@ class Preparation:
             if not fuses:
                 prep.program.ensure()  # alone in its family: it runs its solo program
             else:
-                fusion.fused_program(prep.program, open_capacity(prep.fuse_hint, self.config.group_capacity),
+                fusion.fused_program(prep.program, self.capacity(prep.fuse_hint),
                                      self.device, fenced=fenced, **self.config.staging)
         except Exception as err:  # noqa: BLE001
             self._dispatcher.post(self._dispatcher.fail_now, job,
@@ -279,7 +285,7 @@ class Preparation:
         own, then hand them to the dispatcher to move in at a step boundary. Not on the compile
         pool (its close waits for it) nor the tiers' thread (the jobs' own K-step programs
         would queue behind it); not a daemon: XLA aborts at exit if one is compiling."""
-        capacity = open_capacity(prep.fuse_hint, self.config.group_capacity)
+        capacity = self.capacity(prep.fuse_hint)
 
         def build() -> None:
             try:
@@ -300,11 +306,11 @@ class Preparation:
         out = {}
         for key, items in by_key.items():
             program, hint = items[0][1].program, items[0][1].fuse_hint
-            capacity = open_capacity(hint, self.config.group_capacity)
+            capacity = self.capacity(hint)
             lefts = [job.steps_left for job, _ in items]
             compile_s = 0.0 if fusion.loads(program, capacity, self.device, fenced=fenced, **self.config.staging) \
                 else max(PROGRAMS.slowest_compile_s, COLD_COMPILE_S)
-            reason = FUSION.weigh(key, capacity, len(items), None if None in lefts else sum(lefts), compile_s,
+            reason = FUSION.weigh(key, capacity, min(len(items), capacity), None if None in lefts else sum(lefts), compile_s,
                                   prior=unmeasured(self.device.platform, program.convolves))
             if reason is not None:
                 out[key] = reason

@@ -40,6 +40,7 @@ from .observe.writers import resolve as resolve_writers
 from .controls import Controls
 from .deployments import Deployments
 from .engine.records import JobRecord, Progress, StepRecord, now_s
+from .engine.streams import parallel_streams
 from .jobtable import JobTable
 from .setup import compilation_cache_dir, fences_wanted
 from .view import RuntimeView
@@ -136,7 +137,9 @@ class Runtime:
         of its own, so jobs in different lanes compute side by side on the machine's cores (the
         memory for that is what lanes reserve); a lane's own calls stay in order. False: every
         call on one stream, one at a time, as always under the policies that give one job the
-        device (fifo, priority, srtf). No effect on a GPU (one compute stream per device).
+        device (fifo, priority, srtf). With ``fuse``, jobs submitted together open a fused group
+        per stream (docs/explanation/fusion.md); False keeps them in one. No effect on a GPU
+        (one compute stream per device).
         Results are the same either way: the same programs on the same states.
     """
 
@@ -256,7 +259,8 @@ class Runtime:
             if not isinstance(spec, JobSpec):
                 raise TypeError(f"explain() takes the JobSpecs you would submit (from step.bind(...)), "
                                 f"not a job's name or handle; got {spec!r}")
-        return explain(specs, self.device, fenced=self.fences)
+        return explain(specs, self.device, fenced=self.fences,
+                       streams=parallel_streams(self.device, self.config.parallel_lanes))
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until every submitted job has ended (and its files are written). False on timeout."""

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ...sched.capacity import open_capacity
+from ...sched.capacity import split_capacity
 from ..config import COLD_COMPILE_S
 from .compiler import PROGRAMS, CompiledStep
 from .lifting import NotLiftable
@@ -160,18 +160,22 @@ class FusionPlan:
     alone: dict[str, str]      # job name -> why it would run alone, in words a user can act on
 
 
-def explain(specs: list, device: Any = None, *, fenced: bool = False) -> FusionPlan:
-    """Which of ``specs`` a fused runtime would run as one group and, for every job that would
-    run alone, why. The same steps the runtime takes (the program cache's lowering and key,
-    this module's families), minus compiling: nothing is compiled or placed. ``fenced``: key
-    the programs as a runtime with fences does (its measured fusion verdicts are under those
-    keys)."""
+def explain(specs: list, device: Any = None, *, fenced: bool = False, streams: int | None = None) -> FusionPlan:
+    """Which of ``specs`` a fused runtime would run fused (one list of names per program) and,
+    for every job that would run alone, why. The same steps the runtime takes (the program
+    cache's lowering and key, this module's families), minus compiling: nothing is compiled or
+    placed. ``fenced``: key the programs as a runtime with fences does (its measured fusion
+    verdicts are under those keys). ``streams``: the execution streams its groups are split
+    over (``engine.streams.parallel_streams``; None: the device's, lanes in parallel)."""
     import jax
+
+    from ..engine.streams import parallel_streams
 
     from .leaves import layout_of
     from ..engine.source import END, BatchSource
 
     device = device if device is not None else jax.devices()[0]
+    streams = parallel_streams(device, True) if streams is None else streams
     alone: dict[str, str] = {}
     named: list[tuple[str, CompiledStep, Any]] = []
     for spec in specs:
@@ -198,8 +202,9 @@ def explain(specs: list, device: Any = None, *, fenced: bool = False) -> FusionP
         # known to lose on this platform, runs them alone, as the runtime would.
         lefts = [steps[n] for n in names]
         known = [x for x in lefts if x is not None]
+        capacity = split_capacity(len(names), streams)  # (each group's, as Groups.join opens them)
         reason = None if len(names) < 2 else FUSION.weigh(
-            key, open_capacity(len(names)), len(names), sum(known) if len(known) == len(lefts) else None,
+            key, capacity, min(len(names), capacity), sum(known) if len(known) == len(lefts) else None,
             max(PROGRAMS.slowest_compile_s, COLD_COMPILE_S),
             prior=unmeasured(device.platform, programs[key].convolves))
         if reason is not None:

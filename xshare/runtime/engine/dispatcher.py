@@ -77,6 +77,7 @@ from .rows import MetricsRows
 from .shapes import OtherShapes
 from .source import Feeding
 from .states import Event, JobState, transition
+from .streams import parallel_streams
 from .tiers import Tiers
 from .units import Units
 
@@ -114,7 +115,7 @@ class Dispatcher:
         self.groups = Groups(units, arena, self.admission, recorder,
                              GroupDevice(device, ring, config.staging), floor=config.group_capacity,
                              ids=self.ids, timeline=timeline, drain=self._drain_inflight,
-                             measured=config.fuse_measured)
+                             measured=config.fuse_measured, streams=parallel_streams(device, config.parallel_lanes))
         if config.fuse:
             self.admission.join = self.groups.join
         # K-step programs promoted in the background (tiers.py, multicall.py).

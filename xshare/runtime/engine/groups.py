@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any, Callable, Protocol
 
 from ...memory import Admitted
-from ...sched.capacity import open_capacity, opens_alone, shrink_pays, shrink_target
+from ...sched.capacity import opens_alone, parallel_groups, shrink_pays, shrink_target, split_capacity
 from ..causes import short_error
 from ..compiled.payoff import FUSION, unmeasured
 from .admission import Admission
@@ -57,8 +57,10 @@ class Groups:
     """
 
     def __init__(self, units: Units, arena: Any, admission: Admission, recorder: Any, device: GroupDevice, *,
-                 floor: int | None, ids: Any, timeline: Any, drain: Callable[[], None], measured: bool = True):
+                 floor: int | None, ids: Any, timeline: Any, drain: Callable[[], None], measured: bool = True,
+                 streams: int = 1):
         self.units, self.arena, self.admission, self.recorder = units, arena, admission, recorder
+        self.streams = streams  # execution streams that run side by side (engine/streams.py)
         self.device, self.floor, self.ids, self.timeline, self.drain = device, floor, ids, timeline, drain
         self.measured = measured  # fuse=True: a program measured to lose fused opens no group
         self.abort: Callable[[Any, str, BaseException | None], None] = _unwired
@@ -75,20 +77,25 @@ class Groups:
         key = job.program.key
         same = [g for g in self.groups.values() if g.program.key == key]
         group = next((g for g in same if g.free_slot() is not None), None)
-        if group is None and same:
+        # Jobs submitted together open a group per execution stream that runs beside the
+        # others (sched/capacity.py: parallel_groups): the later ones open the next group
+        # rather than grow the first.
+        another = bool(same) and len(same) < parallel_groups(job.fuse_hint, self.streams, self.floor)
+        if group is None and same and not another:
             group = self._grow(same[0])
         solos: list = []
-        if group is None and not same:
+        if group is None and (not same or another):
             # No group of one: a group opens for jobs submitted together, or with jobs of this
             # program (or its unlifted family) that run alone now and move in at this boundary.
             # With a floor (``group_capacity``), a job of a program others run opens it alone.
-            solos = self._adoptable(job)
+            solos = [] if same else self._adoptable(job)
             if not opens_alone(job.fuse_hint, len(solos), job.shared, self.floor):
                 return False
-            capacity = open_capacity(job.fuse_hint + len(solos), self.floor)
+            joining = job.fuse_hint + len(solos)
+            capacity = split_capacity(joining, self.streams, self.floor)
             # Measured to cost its members more fused than alone, or never measured and known
             # to lose on this platform (payoff.unmeasured): they run alone.
-            if self.measured and FUSION.weigh(key, capacity, job.fuse_hint + len(solos), None, 0.0,
+            if self.measured and FUSION.weigh(key, capacity, min(joining, capacity), None, 0.0,
                                               prior=unmeasured(self.device.platform, job.program.convolves)):
                 return False
             group = self._open(job.program, capacity)
@@ -125,9 +132,9 @@ class Groups:
             return  # (a group of the program opened meanwhile: later joiners adopt them)
         if not opens_alone(len(movers), 0, False, self.floor):
             return
-        capacity = open_capacity(len(movers), self.floor)
+        capacity = split_capacity(len(movers), self.streams, self.floor)
         lefts = [job.steps_left for job in movers]
-        reason = FUSION.weigh(program.key, capacity, len(movers), None if None in lefts else sum(lefts),
+        reason = FUSION.weigh(program.key, capacity, min(len(movers), capacity), None if None in lefts else sum(lefts),
                               0.0, prior=unmeasured(self.device.platform, program.convolves)
                               ) if self.measured else None
         if reason is not None:
@@ -135,12 +142,13 @@ class Groups:
                 job.unfused = reason
                 self.recorder.line(job, f"stays alone: {reason}")
             return
-        group = self._open(program, capacity)
-        if group is None:
-            return  # no room for the group's reservation now: they go on alone
-        for job in movers:
-            self._adopt(job, group, job.lifted)
-        self.units.run(group)
+        for first in range(0, len(movers), capacity):  # (a group per stream: parallel_groups)
+            group = self._open(program, capacity)
+            if group is None:
+                return  # no room for the group's reservation now: the others go on alone
+            for job in movers[first:first + capacity]:
+                self._adopt(job, group, job.lifted)
+            self.units.run(group)
 
     def leave(self, job: Any) -> None:
         """``job`` leaves its slot (it ended, or goes to host memory): the group shrinks if it

@@ -72,3 +72,10 @@ class LaneStreams:
         if sid != self._current:
             self._set(sid)
             self._current = sid
+
+
+def parallel_streams(device: Any, parallel: bool) -> int:
+    """How many execution streams run side by side for ``device`` (``LaneStreams.streams`` on a
+    CPU backend with parallel lanes; 1 elsewhere): what fused groups are split over."""
+    lanes = LaneStreams(device, parallel=parallel)
+    return lanes.streams if lanes.enabled else 1
