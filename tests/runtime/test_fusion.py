@@ -68,15 +68,21 @@ def test_a_member_does_not_depend_on_what_the_other_slots_hold():
         assert_trees_equal(a.result()[0], b.result()[0])
 
 
-def test_fused_jobs_run_in_one_group_with_one_program():
-    specs = _specs(4, steps=200)
-    # (one execution stream: one group; with lanes side by side the jobs split over them, below)
-    with xshare.Runtime(policy="pack", memory="256MiB", fuse="always", parallel_lanes=False) as rt:
+def _snapshot_running(specs, **kw):
+    """The status document once every job ran 20 steps, and the handles (run to the end)."""
+    with xshare.Runtime(policy="pack", memory="256MiB", fuse="always", **kw) as rt:
         handles = rt.submit_many(specs)
         while any(h.progress().steps_done < 20 for h in handles):
             time.sleep(0.002)
         snap = rt.snapshot()
         rt.wait()
+    return snap, handles
+
+
+def test_fused_jobs_run_in_one_group_with_one_program():
+    specs = _specs(4, steps=200)
+    # (one execution stream: one group; with lanes side by side the jobs split over them, below)
+    snap, _ = _snapshot_running(specs, parallel_lanes=False)
     groups = snap["groups"]
     assert len(groups) == 1 and sorted(groups[0]["members"]) == [s.name for s in specs]
     assert groups[0]["capacity"] == 4
@@ -96,12 +102,7 @@ def test_jobs_fused_together_split_into_a_group_per_parallel_stream_on_one_progr
     if streams < 2:
         pytest.skip("one core: one execution stream, one group")
     specs = _specs(4, steps=200)
-    with xshare.Runtime(policy="pack", memory="256MiB", fuse="always") as rt:
-        handles = rt.submit_many(specs)
-        while any(h.progress().steps_done < 20 for h in handles):
-            time.sleep(0.002)
-        snap = rt.snapshot()
-        rt.wait()
+    snap, handles = _snapshot_running(specs)
     groups = snap["groups"]
     assert len(groups) == 2 and [g["capacity"] for g in groups] == [2, 2], groups
     assert sorted(m for g in groups for m in g["members"]) == [s.name for s in specs]

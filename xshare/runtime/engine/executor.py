@@ -152,13 +152,17 @@ class Executor:
                 self.life.fail(job, dispatch_error(job, step, batch, err), err)
                 self.life.settle(job)
             return
-        job.arrays = outs[0]
+        self.stepped(job, step, outs[0], outs[1], t, li, pos)
+
+    def stepped(self, job: JobRecord, step: int, arrays: Any, vector: Any, t: int, li: int, pos: int) -> None:
+        """A solo job's one-step call was made: its new state, its step in flight."""
+        job.arrays = arrays
         job.dispatched += 1
         job.in_flight += 1
         self.took_turn(job, li, pos)
-        self.inflight.append((job, step, outs[1], t, 1))
+        self.inflight.append((job, step, vector, t, 1))
         if self.host_copy:
-            outs[1].copy_to_host_async()
+            vector.copy_to_host_async()
         self.after_steps(job, step, 1)
 
     def side_step(self, job: JobRecord, batch: list, li: int, pos: int) -> None:
@@ -175,7 +179,7 @@ class Executor:
             self.life.fail(job, f"{dispatch_error(job, step, batch, err)}; {err}", err)
             self.life.settle(job)
             return
-        if program is None:  # compiling: it steps again once it is (Dispatcher.shape_ready)
+        if program is None:  # compiling: it steps again once it is (Dispatcher._shape_ready)
             job.batches.appendleft(batch)
             self.units.stop(job)
             return
@@ -187,14 +191,8 @@ class Executor:
             self.life.fail(job, f"step {step} raised: {short_error(err)}", err)
             self.life.settle(job)
             return
-        job.arrays = list(outs[0]) + arrays[n:]  # (constants its fused program lifts, if any: kept)
-        job.dispatched += 1
-        job.in_flight += 1
-        self.took_turn(job, li, pos)
-        self.inflight.append((job, step, outs[1], t, 1))
-        if self.host_copy:
-            outs[1].copy_to_host_async()
-        self.after_steps(job, step, 1)
+        # (the constants its fused program lifts, if any, stay as they were)
+        self.stepped(job, step, list(outs[0]) + arrays[n:], outs[1], t, li, pos)
 
     def run_length(self, job: JobRecord) -> int:
         """How many one-step calls ``job``'s turn runs (``run``): as many as a K-step call of
