@@ -117,6 +117,28 @@ def test_a_job_that_can_never_fit_stops_the_launch_before_anything_runs(tmp_path
     assert not any(p.stat().st_size for p in (tmp_path / "run").glob("*/metrics.jsonl"))
 
 
+@pytest.mark.parametrize("policy", ["pack", "fifo"])
+def test_fuse_dry_run_says_how_a_program_s_jobs_split_over_the_cores(policy, tmp_path, monkeypatch, capsys):
+    """Four jobs of one program: a group per core where lanes run side by side (pack, on a
+    CPU of two cores or more), one group under fifo (one call at a time)."""
+    import jax
+
+    from xshare.runtime.engine.streams import parallel_streams
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sweep.toml").write_text(
+        f'[runtime]\nfuse = true\npolicy = "{policy}"\n\n'
+        '[[job]]\nentry = "xshare.models.mlp:make_job"\nsteps = 5\n'
+        'params = { lr = [1e-3, 3e-4, 1e-4, 3e-5], width = 16, depth = 1, batch = 8 }\n')
+    assert main(["launch", "sweep.toml", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    names = "0_lr=0.001, 1_lr=0.0003, 2_lr=0.0001, 3_lr=3e-05"
+    if policy == "pack" and parallel_streams(jax.devices()[0], True) >= 2:
+        assert f"fused group 0: 4 jobs (2 groups of 2 slots, one per core): {names}" in out, out
+    else:
+        assert f"fused group 0: 4 jobs: {names}" in out, out
+
+
 def test_fuse_dry_run_lists_the_groups_and_why_a_job_runs_alone(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "sweep.toml").write_text(

@@ -114,7 +114,7 @@ def _launch(args: argparse.Namespace) -> int:
         if args.dry_run:
             out.print(render.plan_table(plan))
             if plan.runtime.fuse:
-                _print_fusion(specs.build_all(plan), out)
+                _print_fusion(specs.build_all(plan), out, plan.runtime.policy)
             return EXIT_OK
         if getattr(args, "ray", False):  # the runtime actors build the jobs, not this process
             from xshare.cli import launch_ray

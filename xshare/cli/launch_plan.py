@@ -29,18 +29,24 @@ def plan(args: argparse.Namespace, specs: Any) -> Any:
     raise specs.SpecError(f"{target!r} is neither a spec file (SPEC.toml) nor an entry point (module:function)")
 
 
-def print_fusion(jobs: list[Any], out: Any) -> None:
+def print_fusion(jobs: list[Any], out: Any, policy: str = "pack") -> None:
     """The fused groups the run would form, and why each other job would run alone (lowers
-    every job's step: this imports jax, which a plain dry run does not)."""
+    every job's step: this imports jax, which a plain dry run does not). ``policy``: the
+    launch's (under fifo, priority and srtf lanes do not run side by side: one group a program)."""
     import jax
 
+    from xshare import sched
     from xshare.runtime.compiled.sweeps import explain
+    from xshare.runtime.engine.streams import parallel_streams
     from xshare.runtime.setup import fences_wanted
 
     device = jax.devices()[0]  # (keyed as the launch's runtime keys them: its measured verdicts)
-    report = explain(jobs, device, fenced=fences_wanted(None, device))
+    parallel = not getattr(sched.get_policy(policy), "exclusive", False)
+    report = explain(jobs, device, fenced=fences_wanted(None, device), streams=parallel_streams(device, parallel))
     for i, names in enumerate(report.groups):
-        out.print(f"fused group {i}: {len(names)} jobs: {', '.join(names)}", markup=False, highlight=False)
+        groups, slots = report.split[i] if i < len(report.split) else (1, 0)
+        how = f" ({groups} groups of {slots} slots, one per core)" if groups > 1 else ""
+        out.print(f"fused group {i}: {len(names)} jobs{how}: {', '.join(names)}", markup=False, highlight=False)
     for name, why in report.alone.items():
         out.print(f"{name} runs alone: {why}", markup=False, highlight=False)
     if not report.groups:

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ...sched.capacity import split_capacity
+from ...sched.capacity import parallel_groups, split_capacity
 from ..config import COLD_COMPILE_S
 from .compiler import PROGRAMS, CompiledStep
 from .lifting import NotLiftable
@@ -158,6 +158,9 @@ def values_at(traced: Any, positions: tuple) -> tuple:
 class FusionPlan:
     groups: list[list[str]]    # job names that would fuse, one list per program
     alone: dict[str, str]      # job name -> why it would run alone, in words a user can act on
+    # per list of ``groups``: (the groups its jobs open, the slots of each): one per execution
+    # stream that runs beside the others (sched/capacity.py: parallel_groups)
+    split: list[tuple[int, int]] = field(default_factory=list)
 
 
 def explain(specs: list, device: Any = None, *, fenced: bool = False, streams: int | None = None) -> FusionPlan:
@@ -220,7 +223,8 @@ def explain(specs: list, device: Any = None, *, fenced: bool = False, streams: i
         program, layout, choice = info[name]
         alone[name] = (sweeps.why_alone(choice.traced, program)
                        or _against_others(name, program, layout, choice, info, biggest))
-    return FusionPlan(groups, alone)
+    split = [(parallel_groups(len(names), streams), split_capacity(len(names), streams)) for names in groups]
+    return FusionPlan(groups, alone, split)
 
 
 def _against_others(name: str, program: CompiledStep, layout: Any, choice: Choice, info: dict,
