@@ -24,14 +24,17 @@ STEPS = 300
 GATE_AT = 100
 
 
-def _gated(seed: int, reached: threading.Event, gate: threading.Event):
-    """linreg data that stops at step GATE_AT until the test has done its damage."""
+def _gated(seed: int, reached: threading.Event, gate: threading.Event, delay_s: float = 0.0):
+    """linreg data that stops at step GATE_AT until the test has done its damage (each batch
+    ``delay_s`` slow: over a millisecond, the feeder threads make it, not the dispatcher)."""
     data = linreg_data(seed=seed)
 
     def gated(step: int):
         if step == GATE_AT:
             reached.set()
             assert gate.wait(30), "the test never opened the gate"
+        if delay_s:
+            time.sleep(delay_s)
         return data(step)
 
     return gated
@@ -150,7 +153,11 @@ def test_stop_returns_after_a_dispatch_failure_on_a_checkpoint_step(tmp_path):
         return {"x": b["x"][:, :3], "y": b["y"]} if step == 4 else b
 
     reached, gate = threading.Event(), threading.Event()
-    healthy = linreg_step.bind(linreg_state(seed=2), _gated(2, reached, gate), steps=STEPS, name="healthy")
+    # Slow data, made by a feeder thread: its gate must not hold the dispatcher, which fails the
+    # bad job only once its step's program for those shapes failed to compile (in the background:
+    # engine/shapes.py), possibly after the healthy job reached its gate.
+    healthy = linreg_step.bind(linreg_state(seed=2), _gated(2, reached, gate, delay_s=0.002), steps=STEPS,
+                               name="healthy")
     rt = xshare.Runtime(policy="pack", memory="256MiB", log_dir=tmp_path, checkpoint_every=5)
     try:
         hb, hh = rt.submit_many([linreg_step.bind(linreg_state(seed=1), bad, steps=STEPS, name="bad"), healthy])
