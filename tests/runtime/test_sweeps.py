@@ -19,7 +19,7 @@ from flax.training import train_state
 
 import xshare
 from xshare.runtime.engine.streams import parallel_streams
-from xshare.sched.capacity import parallel_groups
+from xshare.sched.capacity import parallel_groups, split_capacity
 from tests.helpers import assert_trees_equal
 from xshare.runtime.compiled.compiler import PROGRAMS
 
@@ -105,6 +105,8 @@ def test_a_sweep_with_baked_hyperparameters_fuses_as_one_program_and_honours_eac
     with xshare.Runtime(policy="pack", fuse="always") as rt:
         plan = rt.explain(specs)
         assert plan.groups == [[s.name for s in specs]] and not plan.alone
+        streams = parallel_streams(jax.devices()[0], True)
+        assert plan.split == [(parallel_groups(8, streams), split_capacity(8, streams))]  # (what it opens, below)
         handles = rt.submit_many(specs)
         groups = set()
         while not all(h.status() in ("done", "failed") for h in handles):
@@ -116,7 +118,7 @@ def test_a_sweep_with_baked_hyperparameters_fuses_as_one_program_and_honours_eac
     assert PROGRAMS.compiles - before == 1, "the sweep is one (fused, lifted) program"
     # one group per execution stream that runs beside the others (two on this project's 2-core
     # CPU), every one on that program: sched/capacity.py, parallel_groups
-    assert len(groups) == parallel_groups(8, parallel_streams(jax.devices()[0], True)) and fused == 8 * 40
+    assert len(groups) == parallel_groups(8, streams) and fused == 8 * 40
     for lr, h, spec in zip(lrs, handles, specs):
         got = h.result()[0]
         ref = _plain(spec.state, 40)

@@ -248,10 +248,12 @@ class Runtime:
         return [self._jobs.handles[job.id] for job in jobs]
 
     def explain(self, specs: Iterable[JobSpec]) -> Any:
-        """Which of ``specs`` would run as one fused group in this runtime, and why each other job
-        would run alone (a different shape at ``params.Dense_0.kernel``, a constant that decides
-        control flow, a host callback): ``FusionPlan(groups, alone)``. Programs are lowered
-        and keyed as ``submit`` would, but nothing is compiled or run."""
+        """Which of ``specs`` would run fused in this runtime (one list of names per program),
+        and why each other job would run alone (a different shape at ``params.Dense_0.kernel``,
+        a constant that decides control flow, a host callback): ``FusionPlan(groups, alone,
+        split)``, ``split`` saying per program how many groups of how many slots its jobs open
+        (one per core on a CPU whose lanes run side by side). Programs are lowered and keyed as
+        ``submit`` would, but nothing is compiled or run."""
         from .compiled.sweeps import explain
 
         specs = [specs] if isinstance(specs, (JobSpec, str)) else list(specs)

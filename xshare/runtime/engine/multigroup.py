@@ -212,6 +212,7 @@ class GroupCalls:
             return  # compiling: masked from the group's steps until it is (its batch stays first)
         job.batches.popleft()
         n, slot = job.layout.n_arrays, job.slot
+        assert slot is not None  # (a member: it has a slot)
         leaves = list(fusion.take(group.fused, group.arrays, slot))
         scratch = scratch_ident(group, self.ring, self.device)
         t = time.monotonic_ns()

@@ -87,7 +87,7 @@ class OtherShapes:
         job.waiting = None
         try:
             program = fut.result()
-        except Exception as err:  # noqa: BLE001 - the job fails with the reason (the caller)
+        except Exception as err:  # (any: the job fails with the reason, the caller)
             raise ValueError(f"its step does not compile for those shapes: {short_error(err)}") from err
         self._fits(job, program)
         return program
