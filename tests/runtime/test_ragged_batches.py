@@ -18,6 +18,7 @@ from flax.training import train_state
 
 import xshare
 from tests.helpers import assert_trees_equal, loss_recorders, run_until_k_steps
+from tests.reliability.test_random_sweeps import train_step  # (the Flax docs' step)
 
 ROWS, BATCH, EPOCHS = 200, 32, 3  # 7 batches an epoch, the last of 8 rows
 X = np.random.default_rng(0).normal(size=(ROWS, 6)).astype(np.float32)
@@ -56,15 +57,6 @@ def adam(lr: float):
 def trainstate(seed: int, lr: float = 1e-2) -> train_state.TrainState:
     params = NET.init(jax.random.key(seed), jnp.zeros((1, 6)))["params"]
     return train_state.TrainState.create(apply_fn=NET.apply, params=params, tx=adam(lr))
-
-
-def train_step(state, batch):
-    def loss_fn(params):
-        logits = state.apply_fn({"params": params}, batch["x"])
-        return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
-
-    loss, grads = jax.value_and_grad(loss_fn)(state.params)
-    return state.apply_gradients(grads=grads), {"loss": loss}
 
 
 JOB = xshare.job(train_step)
