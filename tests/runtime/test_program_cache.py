@@ -263,16 +263,10 @@ def test_states_whose_counter_is_an_array_in_one_and_a_python_int_in_another_sha
     import optax
     from flax.training import train_state
 
+    from tests.reliability.test_random_sweeps import train_step as step  # (the Flax docs' step)
+
     net, tx = nn.Dense(3), optax.sgd(0.1)
     batches = [{"x": np.full((4, 5), i, np.float32), "y": np.arange(4) % 3} for i in range(3)]
-
-    def step(state, batch):
-        def loss_fn(params):
-            logits = state.apply_fn({"params": params}, batch["x"])
-            return optax.softmax_cross_entropy_with_integer_labels(logits, batch["y"]).mean()
-        loss, grads = jax.value_and_grad(loss_fn)(state.params)
-        return state.apply_gradients(grads=grads), {"loss": loss}
-
     job = xshare.job(step)
 
     def fresh(seed):

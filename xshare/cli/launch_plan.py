@@ -43,8 +43,7 @@ def print_fusion(jobs: list[Any], out: Any, policy: str = "pack") -> None:
     device = jax.devices()[0]  # (keyed as the launch's runtime keys them: its measured verdicts)
     parallel = not getattr(sched.get_policy(policy), "exclusive", False)
     report = explain(jobs, device, fenced=fences_wanted(None, device), streams=parallel_streams(device, parallel))
-    for i, names in enumerate(report.groups):
-        groups, slots = report.split[i] if i < len(report.split) else (1, 0)
+    for i, (names, (groups, slots)) in enumerate(zip(report.groups, report.split)):
         how = f" ({groups} groups of {slots} slots, one per core)" if groups > 1 else ""
         out.print(f"fused group {i}: {len(names)} jobs{how}: {', '.join(names)}", markup=False, highlight=False)
     for name, why in report.alone.items():

@@ -136,7 +136,7 @@ class Dispatcher:
             units=units, planner=self.planner, life=self.life, tiers=self.tiers, rows=self.rows,
             feeding=self.feeding, config=config, recorder=recorder, timeline=timeline, device=device,
             ring=ring, arena=arena, tend=self.fusecheck.tend, cancel_soon=self._cancel_soon,
-            shapes=OtherShapes(device=device, arena=arena, staging=config.prefetch + config.dispatch_ahead,
+            shapes=OtherShapes(device=device, arena=arena, staging=config.prefetch + config.dispatch_ahead, recorder=recorder,
                                submit=submit, post=self.post, on_ready=self._shape_ready))
         # The executor's hot entry points and its pipeline, bound once (the loop runs per step).
         self._inflight = executor.inflight

@@ -32,7 +32,7 @@ from .planner import Planner
 from .records import RECENT, JobRecord, median_step_s
 from .rows import BATCH, MetricsRows
 from .source import END, BatchMismatch, DataError, Feeding, owned
-from .shapes import OtherShapes, shapes_note
+from .shapes import OtherShapes
 from .streams import LaneStreams
 from .tiers import WARM_STEPS, Tiers
 from .units import Units
@@ -170,13 +170,10 @@ class Executor:
         batch): on its step compiled for that shape (``shapes.py``), as ``jax.jit`` would
         retrace. While that compiles the job waits off the rotation, its batch kept first."""
         step = job.spec.start_step + job.dispatched
-        if self.shapes.first_of_its_shapes(job, batch):
-            self.recorder.line(job, f"batch {step} has other shapes than its first ({shapes_note(batch)}): "
-                                    "its step runs on a program compiled for them, as jax.jit retraces")
         try:
-            program = self.shapes.program(job, batch)
+            program = self.shapes.program(job, batch, step)
         except ValueError as err:
-            self.life.fail(job, f"{dispatch_error(job, step, batch, err)}; {err}", err)
+            self.life.fail(job, str(err), err)
             self.life.settle(job)
             return
         if program is None:  # compiling: it steps again once it is (Dispatcher._shape_ready)

@@ -23,7 +23,7 @@ import numpy as np
 from ...sched import steps as ksteps
 from . import evaluation, fusecheck
 from ..compiled import fusion, multistep
-from ..causes import dispatch_error, short_error
+from ..causes import short_error
 from ..config import RuntimeConfig
 from .group import Group
 from ..compiled.multistep import MultiStep, Verdict
@@ -31,7 +31,6 @@ from ..compiled.payoff import group_key
 from .lifecycle import Lifecycle
 from .multicall import MultiCalls, _done, call, chain, compare, run_steps, scratch_ident, state_copy
 from .records import JobRecord
-from .shapes import shapes_note
 from .source import END, DataError, Feeding, owned
 from .tiers import WARM_STEPS, Candidate, Tiers, typical_step_s
 from .units import Units
@@ -197,15 +196,11 @@ class GroupCalls:
         before and after. While that program compiles the member waits, masked (``job.waiting``),
         and the others step on."""
         batch, step = job.batches[0], job.spec.start_step + job.dispatched
-        shapes = self.pipeline.shapes
-        if shapes.first_of_its_shapes(job, batch):
-            self.recorder.line(job, f"batch {step} has other shapes than its group's ({shapes_note(batch)}): "
-                                    "it steps alone on a program compiled for them, as jax.jit retraces")
         try:
-            program = shapes.program(job, batch)
+            program = self.pipeline.shapes.program(job, batch, step)
         except ValueError as err:
             job.batches.popleft()
-            self.life.fail(job, f"{dispatch_error(job, step, batch, err)}; {err}", err)
+            self.life.fail(job, str(err), err)
             self.life.settle(job)
             return
         if program is None:

@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..causes import short_error
+from ..causes import dispatch_error, short_error
 from ..compiled.compiler import PROGRAMS, _avals
 
 
@@ -47,16 +47,16 @@ def compiled_signature(program: Any) -> tuple:
 class OtherShapes:
     """Each job's programs for batches of other shapes than its first, by signature.
 
-    ``program(job, batch)`` answers the one to call now, or None while it compiles (the job
-    waits: ``job.waiting``, and ``on_ready(job)`` runs on the dispatcher thread once it is
-    compiled), or raises ``ValueError`` with the reason the batch cannot run (a step that does
-    not compile for it or returns another state, a program larger than the job's reservation
-    when the arena has no room to grow it)."""
+    ``program(job, batch, step)`` answers the one to call now (the job's log says so the first
+    time), or None while it compiles (the job waits: ``job.waiting``, and ``on_ready(job)`` runs
+    on the dispatcher thread once it is compiled), or raises ``ValueError`` with the reason the
+    batch cannot run (a step that does not compile for it or returns another state, a program
+    larger than the job's reservation when the arena has no room to grow it)."""
 
-    def __init__(self, *, device: Any, arena: Any, staging: int,
+    def __init__(self, *, device: Any, arena: Any, staging: int, recorder: Any,
                  submit: Callable[[Callable[[], Any]], Future] | None, post: Callable[..., Any],
                  on_ready: Callable[[Any], None]):
-        self.device, self.arena, self.staging = device, arena, staging
+        self.device, self.arena, self.staging, self._recorder = device, arena, staging, recorder
         self._submit, self._post, self._on_ready = submit, post, on_ready
 
     @staticmethod
@@ -68,28 +68,30 @@ class OtherShapes:
             return False
         return signature(batch) != compiled_signature(program)
 
-    @staticmethod
-    def first_of_its_shapes(job: Any, batch: Any) -> bool:
-        """Whether no batch of the job had ``batch``'s shapes before (its log says so once)."""
-        return job.other_programs is None or signature(batch) not in job.other_programs
-
-    def program(self, job: Any, batch: Any) -> Any:
+    def program(self, job: Any, batch: Any, step: int) -> Any:
+        """The program for batch ``step`` of ``job`` (its flat leaves ``batch``), None while it
+        compiles; ``ValueError`` with the job's failure, in full, if the batch cannot run."""
         sig = signature(batch)
         programs = job.other_programs
         if programs is None:
             programs = job.other_programs = {}
         fut = programs.get(sig)
         if fut is None:
+            self._recorder.line(job, f"batch {step} has other shapes than its first ({_shapes(sig)}): its "
+                                     "step runs on a program compiled for them, as jax.jit retraces")
             fut = programs[sig] = self._compile(job, batch)
         if not fut.done():
             job.waiting = fut
             return None
         job.waiting = None
         try:
-            program = fut.result()
-        except Exception as err:  # (any: the job fails with the reason, the caller)
-            raise ValueError(f"its step does not compile for those shapes: {short_error(err)}") from err
-        self._fits(job, program)
+            try:
+                program = fut.result()
+            except Exception as err:  # (any: the job fails with the reason)
+                raise ValueError(f"its step does not compile for those shapes: {short_error(err)}") from err
+            self._fits(job, program)
+        except ValueError as err:
+            raise ValueError(f"{dispatch_error(job, step, batch, err)}; {err}") from err
         return program
 
     def _compile(self, job: Any, batch: Any) -> Future:
@@ -149,11 +151,6 @@ class OtherShapes:
                 "room for more now; make the first batch the largest, pad the others to its shape, "
                 "or give the runtime more memory")
         job.footprint = dataclasses.replace(fp, staging=staging, ephemeral=ephemeral)
-
-
-def shapes_note(batch: Any) -> str:
-    """A batch's leaves' shapes, for a job's log."""
-    return _shapes(signature(batch))
 
 
 def _shapes(sig: tuple) -> str:
