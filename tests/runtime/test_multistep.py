@@ -397,16 +397,18 @@ def test_a_fused_group_whose_measured_host_gap_exceeds_the_kept_forms_call_cost_
     monkeypatch.setattr(tiers_module, "HISTORY", table)
 
     def weigh(gap_s: float | None, group: bool = True) -> JobTier:
-        # 200 us a group step on the device; 3000 steps left; a 0.75 s compile (0.5 s x 1.5 rolled)
+        # 200 us a group step on the device; 6000 steps left; a 0.75 s compile (0.5 s x 1.5 rolled)
         c = Candidate(key=f"g{gap_s}{group}", compile=lambda f: None, steps_done=32, step_s=200e-6,
-                      steps_left=3000, gap_s=gap_s, period=None, group=group)
+                      steps_left=6000, gap_s=gap_s, period=None, group=group)
         tier = JobTier()
         Tiers(device=None, submit=lambda fn: Future(), max_k=32, compile_estimate=lambda: 0.5).consider(tier, c)
         return tier
 
-    small = weigh(20e-6)   # a gap under the kept forms' 45 us: ~42 us a step x 3000, ~0.13 s
+    # (the steps run while it compiles save nothing: 0.75 s at 220 us a step, ~3400 of them)
+    small = weigh(20e-6)   # a gap under the kept forms' 45 us: ~42 us a step x ~2600, ~0.11 s
     assert small.form is None and "would save ~42 us/step" in small.note
-    group = weigh(400e-6)  # its own 400 us gap: ~375 us a step x 3000, ~1.1 s
+    # its own 400 us gap: 600 us a step, ~1250 of them meanwhile; ~375 us a step x ~4750, ~1.8 s
+    group = weigh(400e-6)
     assert group.form == FORMS[0] and "compiling" in group.note and "~375 us/step" in group.note
     # A solo job's gap over the kept figure is a compile beside it holding the GIL: not counted
     solo = weigh(400e-6, group=False)

@@ -67,6 +67,17 @@ def test_promotion_pays(left, now, after, compile_s, want):
     assert promotion_pays(left, now, after, compile_s) is want
 
 
+@pytest.mark.parametrize("left, pace, later, want", [
+    (10_000, None, 0, True),      # the steps run while it compiles not counted: 0.5 s > 0.4 s
+    (10_000, 100e-6, 0, False),   # 4,000 of them run meanwhile: 6,000 x 50 us = 0.3 s < 0.4 s
+    (16_000, 100e-6, 0, True),    # 12,000 after it: 0.6 s
+    (3_000, 100e-6, 0, False),    # it lands after the last step: nothing to save
+    (3_000, 100e-6, 9_000, True),  # ... but later runs are expected to take it: 0.45 s
+])
+def test_a_background_compile_pays_only_with_the_steps_after_it_lands(left, pace, later, want):
+    assert promotion_pays(left, 100e-6, 50e-6, 0.4, pace_s=pace, later_steps=later) is want
+
+
 def test_fusion_pays_only_when_a_member_step_is_cheaper_than_a_solo_one():
     assert fusion_pays(8 * 3000, solo_step_s=100e-6, fused_member_step_s=30e-6, compile_s=0.5)
     assert not fusion_pays(8 * 3000, solo_step_s=100e-6, fused_member_step_s=110e-6, compile_s=0.0)

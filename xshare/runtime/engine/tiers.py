@@ -177,20 +177,22 @@ class Tiers:
         estimate = (self._compile_estimate() or 0.5) * (_UNROLLED_FACTOR if form.unroll else _ROLLED_FACTOR)
         # The form is kept for later runs of the program on this machine: the steps its earlier
         # runs here lead us to expect of them count too (compiled/history.py).
-        later, steps = 0, None
+        later = 0
         if c.steps_left is not None:
             own = c.own_steps if c.own_steps is not None else c.steps_done + c.steps_left
             later = HISTORY.begin(c.key, tier, own)
-            steps = c.steps_left + later
         over = f"{c.steps_left} steps left" + (f" and ~{later} expected of later runs here" if later else "")
-        if promotion_pays(steps, now, after, estimate):
+        # The steps it runs while the form compiles save nothing: one every ``now`` (its own
+        # pace; units of the program on other lanes only run more of them meanwhile).
+        if promotion_pays(c.steps_left, now, after, estimate, pace_s=now, later_steps=later):
             tier.note = (f"compiling {form.describe()}: ~{(now - after) * 1e6:.0f} us/step to save over "
                          f"{over}, more than its compile (~{estimate:.2f} s)")
             log.debug("%s", tier.note)
             self._start(tier, c, form)
         else:
             tier.note = (f"one step per call: {form.describe()} would save ~{(now - after) * 1e6:.0f} us/step "
-                         f"over {over}, less than its compile (~{estimate:.2f} s)")
+                         f"over {over}, less than its compile (~{estimate:.2f} s, ~{int(estimate / now)} "
+                         f"of those steps run while it compiles)")
 
     def forms(self, period: int | None) -> list[Form]:
         """The forms to try, K no larger than ``period`` or this runtime's cap (powers of two)."""
