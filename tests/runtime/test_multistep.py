@@ -379,6 +379,36 @@ def test_a_program_that_ran_here_before_weighs_its_k_step_compile_against_its_la
     assert reread.get("k") == history.Runs(6, 18500)  # kept beside the compilation cache
 
 
+def test_the_steps_a_job_runs_while_its_k_step_form_compiles_do_not_repay_the_compile(monkeypatch, tmp_path):
+    """A form compiled in the background lands after its compile: weighed against every step
+    left, 8 x 2,000 steps under pack from an empty cache compiled a K=16 form that landed with a
+    sixth of them to go (0.80x the plain loop; 0.88x without it)."""
+    from concurrent.futures import Future
+
+    from xshare.runtime.compiled import history
+    from xshare.runtime.engine import tiers as tiers_module
+    from xshare.runtime.engine.tiers import Candidate, JobTier, Tiers
+
+    monkeypatch.setattr(multistep, "VERDICTS", multistep.Verdicts())
+    monkeypatch.setattr(multistep.VERDICTS, "typical_call_s", lambda: 60e-6)
+    table = history.RunHistory()
+    table.persist(str(tmp_path))
+    monkeypatch.setattr(tiers_module, "HISTORY", table)
+
+    def weigh(left: int) -> JobTier:
+        # ~56 us a step saved at K=16 of 100 us; a ~0.45 s compile, ~4500 steps run meanwhile
+        c = Candidate(key=f"k{left}", compile=lambda f: None, steps_done=8, step_s=100e-6, steps_left=left,
+                      gap_s=None, period=None)
+        tier = JobTier()
+        Tiers(device=None, submit=lambda fn: Future(), max_k=32, compile_estimate=lambda: 0.3).consider(tier, c)
+        return tier
+
+    short = weigh(12_000)   # 7500 steps after it lands: ~0.42 s (all 12,000 would be ~0.67 s)
+    assert short.form is None and "~4500 of those steps run while it compiles" in short.note
+    long = weigh(20_000)    # 15,500 after it: ~0.87 s
+    assert long.form == FORMS[0] and "compiling" in long.note
+
+
 def test_a_fused_group_whose_measured_host_gap_exceeds_the_kept_forms_call_cost_expects_to_save_its_gap(
         monkeypatch, tmp_path):
     """The hook's fused group of 8: a ~100 us host gap a call where the solo forms kept here

@@ -191,7 +191,7 @@ class Tiers:
             self._start(tier, c, form)
         else:
             tier.note = (f"one step per call: {form.describe()} would save ~{(now - after) * 1e6:.0f} us/step "
-                         f"over {over}, less than its compile (~{estimate:.2f} s, ~{int(estimate / now)} "
+                         f"over {over}, less than its compile (~{estimate:.2f} s, ~{round(estimate / now)} "
                          f"of those steps run while it compiles)")
 
     def forms(self, period: int | None) -> list[Form]:
