@@ -104,9 +104,10 @@ def promotion_pays(steps_left: int | None, step_s_now: float, step_s_next: float
     A program compiled in the background is not there until its compile ends: the steps run
     meanwhile, one every ``pace_s`` seconds (None: not counted), save nothing. Only those after
     it, and the ``later_steps`` that later runs are expected to take on it (it is kept for them),
-    repay it. Counted as the whole of the steps left, a sweep of 8 x 2,000 steps from an empty
-    cache compiled its K-step form at ~0.3 s of steps left, which landed with a sixth of its
-    steps to go, and ran slower than without it (0.80x the plain loop against fifo's 0.87x)."""
+    repay it. Counted as the whole of the steps left, a sweep of 8 x 2,000 steps under pack from
+    an empty cache compiled its K-step form with ~0.8 s of steps left; the compile, slowed by the
+    steps beside it, landed with a sixth of them to go, and the sweep ran slower than without it
+    (0.80x the plain loop, against 0.88x)."""
     saving = step_s_now - step_s_next
     if saving <= 0:
         return False
