@@ -37,11 +37,12 @@ def print_fusion(jobs: list[Any], out: Any, policy: str = "pack") -> None:
 
     from xshare import sched
     from xshare.runtime.compiled.sweeps import explain
+    from xshare.runtime.config import RuntimeConfig
     from xshare.runtime.engine.streams import parallel_streams
     from xshare.runtime.setup import fences_wanted
 
     device = jax.devices()[0]  # (keyed as the launch's runtime keys them: its measured verdicts)
-    parallel = not getattr(sched.get_policy(policy), "exclusive", False)
+    parallel = RuntimeConfig.of(sched.get_policy(policy)).parallel_lanes  # (as the runtime decides it)
     report = explain(jobs, device, fenced=fences_wanted(None, device), streams=parallel_streams(device, parallel))
     for i, (names, (groups, slots)) in enumerate(zip(report.groups, report.split)):
         how = f" ({groups} groups of {slots} slots, one per core)" if groups > 1 else ""
