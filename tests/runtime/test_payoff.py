@@ -58,33 +58,69 @@ def test_a_paying_group_still_must_repay_its_compile_from_the_steps_left():
     assert v.weigh("k", 4, 4, 4 * 100, compile_s=0.0) is None  # compiled already: free
 
 
-def test_where_both_k_step_checks_ran_fusing_is_judged_at_each_sides_fastest_form(monkeypatch):
-    """One step per call a fused step of the zoo MLP costs each member a third of its own step;
-    at K=16 (both sides checked) it costs more: the group does not open, and says so."""
+def _k16_verdicts(monkeypatch):
     from xshare.runtime.compiled import multistep
-    from xshare.runtime.compiled.multistep import FORMS, Verdict
-    from xshare.runtime.compiled.payoff import group_key
+    from xshare.runtime.compiled.multistep import FORMS
 
     k16 = next(f for f in FORMS if f.k == 16 and not f.unroll)
     kverdicts = multistep.Verdicts()
     monkeypatch.setattr(multistep, "VERDICTS", kverdicts)
+    monkeypatch.setattr(payoff, "_call_s", lambda: 60e-6)  # the runtime's per-call host cost
+    return k16, kverdicts
+
+
+def test_where_both_k_step_checks_ran_fusing_is_judged_at_each_sides_best_form(monkeypatch):
+    """Each side's cost, as the fusion check timed both together, is carried to K=16 by what its
+    own K-step check found (one step and K per call, timed together), the per-call host cost paid
+    once per K steps. A group whose K-step form saves little while the solo program's saves a lot
+    does not open, and says so."""
+    from xshare.runtime.compiled.multistep import Verdict
+    from xshare.runtime.compiled.payoff import group_key
+
+    k16, kverdicts = _k16_verdicts(monkeypatch)
     v = FusionVerdicts()
-    v.put("k", FusionVerdict(capacity=8, solo_step_s=320e-6, fused_step_s=800e-6))  # 100 us a member
+    v.put("k", FusionVerdict(capacity=8, solo_step_s=160e-6, fused_step_s=800e-6))  # 100 us a member
     assert v.weigh("k", 8, 8, None, 0.0) is None
-    kverdicts.put("k", Verdict(k16, True, 107e-6, 50e-6))
+    kverdicts.put("k", Verdict(k16, True, 100e-6, 25e-6))
     assert v.judged("k", 8) == v.get("k", 8)  # the group's own K-step check has not run: as measured
-    kverdicts.put(group_key("k", 8), Verdict(k16, True, 567e-6, 497e-6))
+    kverdicts.put(group_key("k", 8), Verdict(k16, True, 600e-6, 570e-6))
+    judged = v.judged("k", 8)
+    # solo: (160 - 60) x 25/100 + 60/16 = 28.75 us; fused: (800 - 60) x 570/600 + 60/16 = 706.75
+    assert judged.solo_step_s == pytest.approx(28.75e-6) and judged.fused_step_s == pytest.approx(706.75e-6)
     why = v.weigh("k", 8, 8, None, 0.0)
     assert why == ("fusing does not pay for this program: a fused step of 8 slots costs each of 8 members "
-                   "62 us against 50 us for its own step (measured on this machine, fused at K=16 against "
-                   "its own program at K=16)")
-    # The hook's net: fused K=16 137 us a group step (17 a member) against 25 alone: it opens.
-    kverdicts.put(group_key("k", 8), Verdict(k16, True, 244e-6, 137e-6))
-    assert v.weigh("k", 8, 8, None, 0.0) is None and v.judged("k", 8).fused_step_s == 137e-6
-    # A form not kept (slower, or not bit-identical) is not a side's fastest: one step per call is.
-    kverdicts.put("k", Verdict(k16, False, 107e-6, 50e-6, why="state leaf 0 differs"))
-    assert v.judged("k", 8).solo_step_s == 107e-6
+                   "88 us against 29 us for its own step (measured on this machine, fused at K=16 against "
+                   "its own program at K=16: each side as the fusion check timed both, scaled by its own "
+                   "K-step check)")
+    # The hook's net: the group's K=16 form saves as much as the solo one: it opens.
+    kverdicts.put(group_key("k", 8), Verdict(k16, True, 600e-6, 150e-6))
+    assert v.weigh("k", 8, 8, None, 0.0) is None
+    # A form not kept (slower, or not bit-identical) saves nothing: that side stays at one step per
+    # call, as the fusion check timed it.
+    kverdicts.put("k", Verdict(k16, False, 100e-6, 25e-6, why="state leaf 0 differs"))
+    assert v.judged("k", 8).solo_step_s == 160e-6
     assert v.get("k", 8).basis == ""  # the kept verdict itself is unchanged
+
+
+def test_the_two_sides_k_step_checks_timed_at_different_moments_are_not_compared(monkeypatch):
+    """The defect this rule fixes: a first run's K-step checks timed the zoo MLP's solo form and
+    its 4-way group's at different moments of a loaded machine (59 us a step alone, 333.7 us a
+    group step): compared directly, fusing lost (83 us a member), and that verdict kept the sweep
+    unfused in every later run, which ran 15-25% slower than fused (benchmarks/RESULTS.md). Judged
+    by ratios timed together (the fusion check's, each check's own) the same records say it pays."""
+    from xshare.runtime.compiled.multistep import Verdict
+    from xshare.runtime.compiled.payoff import group_key
+
+    k16, kverdicts = _k16_verdicts(monkeypatch)
+    monkeypatch.setattr(payoff, "_call_s", lambda: 62e-6)
+    v = FusionVerdicts()
+    v.put("zoo", FusionVerdict(capacity=4, solo_step_s=210.6e-6, fused_step_s=407.6e-6))
+    kverdicts.put("zoo", Verdict(k16, True, 103.4e-6, 59.3e-6))
+    kverdicts.put(group_key("zoo", 4), Verdict(k16, True, 422.6e-6, 333.7e-6))
+    judged = v.judged("zoo", 4)
+    assert judged.member_step_s(4) == pytest.approx(69.2e-6, rel=0.01)   # fused: 4 members
+    assert judged.solo_step_s == pytest.approx(89.2e-6, rel=0.01)        # alone
+    assert judged.pays(4) and v.weigh("zoo", 4, 4, None, 0.0) is None
 
 
 def test_a_running_group_dissolves_only_past_the_margin():
@@ -137,6 +173,35 @@ def test_jobs_of_a_program_measured_to_lose_run_alone_and_explain_says_why(verdi
         rt.submit_many(_specs(4))
         rt.wait()
         assert rt.snapshot()["runtime"]["fused_member_steps"] == 4 * 40
+
+
+def test_explain_weighs_a_group_program_compiled_already_as_submit_does(verdicts):
+    """A group that pays per step but whose compile its few steps would not repay opens anyway
+    once its program is compiled (or kept beside the cache): submit weighs it so, and explain,
+    asked before submitting, says the same (it said "would not repay its compile" while submit
+    fused the jobs)."""
+    def specs_of():  # (a shape no other test compiles a group program for: this process's cache)
+        return [linreg_step.bind(linreg_state(dim=5, seed=i), linreg_data(dim=5, batch=3, seed=i), steps=5,
+                                 name=f"j{i}") for i in range(2)]
+
+    specs = specs_of()
+    with xshare.Runtime(policy="pack", memory="256MiB", fuse=True, parallel_lanes=False) as rt:
+        verdicts.put(_key(specs[0], rt.fences), FusionVerdict(capacity=2, solo_step_s=100e-6, fused_step_s=120e-6))
+        before = rt.explain(specs)
+        with xshare.Runtime(policy="pack", memory="256MiB", fuse="always", parallel_lanes=False) as other:
+            other.submit_many(specs_of())  # compiles the group program (capacity 2)
+            other.wait()
+            assert other.snapshot()["runtime"]["fused_member_steps"] == 2 * 5
+        after = rt.explain(specs)
+        handles = rt.submit_many(specs)
+        rt.wait()
+        fused = rt.snapshot()["runtime"]["fused_member_steps"]
+    assert before.groups == [] and before.alone["j0"].startswith("fusing would not repay its program's compile: "
+                                                                 "10 member steps left")
+    assert after.groups == [["j0", "j1"]] and after.alone == {}
+    assert fused == 2 * 5  # as explain said
+    for spec, h in zip(specs, handles):
+        assert_trees_equal(h.result()[0], plain_loop(spec)[0])
 
 
 def test_a_group_measured_to_lose_dissolves_and_its_members_finish_alone_without_losing_a_step(

@@ -42,8 +42,9 @@ def print_fusion(jobs: list[Any], out: Any, policy: str = "pack") -> None:
     from xshare.runtime.setup import fences_wanted
 
     device = jax.devices()[0]  # (keyed as the launch's runtime keys them: its measured verdicts)
-    parallel = RuntimeConfig.of(sched.get_policy(policy)).parallel_lanes  # (as the runtime decides it)
-    report = explain(jobs, device, fenced=fences_wanted(None, device), streams=parallel_streams(device, parallel))
+    config = RuntimeConfig.of(sched.get_policy(policy))  # (as the launch's runtime decides lanes and staging)
+    report = explain(jobs, device, fenced=fences_wanted(None, device),
+                     streams=parallel_streams(device, config.parallel_lanes), staging=config.staging)
     for i, (names, (groups, slots)) in enumerate(zip(report.groups, report.split)):
         how = f" ({groups} groups of {slots} slots, one per core)" if groups > 1 else ""
         out.print(f"fused group {i}: {len(names)} jobs{how}: {', '.join(names)}", markup=False, highlight=False)

@@ -262,7 +262,7 @@ class Runtime:
                 raise TypeError(f"explain() takes the JobSpecs you would submit (from step.bind(...)), "
                                 f"not a job's name or handle; got {spec!r}")
         return explain(specs, self.device, fenced=self.fences,
-                       streams=parallel_streams(self.device, self.config.parallel_lanes))
+                       streams=parallel_streams(self.device, self.config.parallel_lanes), staging=self.config.staging)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until every submitted job has ended (and its files are written). False on timeout."""

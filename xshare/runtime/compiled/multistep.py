@@ -301,9 +301,9 @@ def _encode(key: tuple[str, Form], v: Verdict) -> dict[str, Any]:
 
 
 VERDICTS = Verdicts()
-# The fusion verdicts are judged at each side's fastest K-step form where both were checked
+# The fusion verdicts are carried to each side's best K-step form where both were checked
 # (payoff.FusionVerdicts.judged); payoff is importable without jax, this module is not.
-payoff.judge_with(lambda key: VERDICTS.of(key))
+payoff.judge_with(lambda key: VERDICTS.of(key), lambda: VERDICTS.typical_call_s())
 
 
 def first_difference(a: list, b: list, what: str) -> str | None:

@@ -33,7 +33,7 @@ class FusionVerdict:
     capacity: int
     solo_step_s: float
     fused_step_s: float
-    # Not kept: where a verdict was judged at each side's fastest K-step form (``judged``), which.
+    # Not kept: where a verdict was carried to each side's best K-step form (``judged``), which.
     basis: str = ""
 
     def member_step_s(self, members: int) -> float:
@@ -72,22 +72,31 @@ class FusionVerdicts:
 
     def judged(self, program_key: str, capacity: int) -> FusionVerdict | None:
         """The verdict a group's opening goes by. Measured at one step per call; but a solo job
-        and a group each move to a K-step form where it pays, and at K=16 the per-call host cost
-        that fusing shares is mostly gone on both sides: the zoo MLP (width 64, batch 64) costs
-        ~100 us a member step fused against ~320 alone one step per call, but ~62 against ~50 at
-        K=16 (this CPU), so its sweep ran slower fused than unfused. Where the K-step checks of
-        both the program and its group at ``capacity`` ran here (``multistep.VERDICTS``, kept
-        beside the cache), the two are compared at each side's fastest kept form instead, as
-        the checks timed them (each on a scratch copy, the same way)."""
+        and a group each move to a K-step form where it pays, and at K=16 most of the per-call
+        host cost that fusing shares is gone on both sides. Where the K-step checks of both the
+        program and its group at ``capacity`` ran here (``multistep.VERDICTS``, kept beside the
+        cache), each side's cost is carried to the form that saves it most (``at_k``).
+
+        Only ratios timed together are trusted: the fusion check's (solo and fused, one after the
+        other on copies of one state) and each K-step check's own (one step per call and K per
+        call, likewise). The two sides' K-step checks run at different moments, seconds or runs
+        apart, and on a shared 2-core machine a compile beside one of them skews it: compared
+        with each other directly, a first run's checks timed the zoo MLP at 59 us a step alone
+        and 83 a member fused 4 ways at K=16, and that verdict, kept beside the cache, kept every
+        later run of the sweep unfused, at 1.64-1.77 s against 1.28-1.56 s fused (timed together
+        in one script the two forms cost 82-90 and 61-70 us: benchmarks/RESULTS.md)."""
         verdict = self.get(program_key, capacity)
         if verdict is None or _kstep_verdicts is None:
             return verdict
-        solo = fastest(_kstep_verdicts(program_key))
-        fused = fastest(_kstep_verdicts(group_key(program_key, capacity)))
+        solo = k_gain(_kstep_verdicts(program_key))
+        fused = k_gain(_kstep_verdicts(group_key(program_key, capacity)))
         if solo is None or fused is None or (solo[0] == 1 and fused[0] == 1):
             return verdict
-        return FusionVerdict(capacity, solo[1], fused[1],
-                             basis=f"fused at K={fused[0]} against its own program at K={solo[0]}")
+        call_s = _call_s() if _call_s is not None else 0.0
+        return FusionVerdict(capacity, at_k(verdict.solo_step_s, *solo, call_s),
+                             at_k(verdict.fused_step_s, *fused, call_s),
+                             basis=(f"fused at K={fused[0]} against its own program at K={solo[0]}: each side "
+                                    f"as the fusion check timed both, scaled by its own K-step check"))
 
     def put(self, program_key: str, verdict: FusionVerdict) -> None:
         self._table.put((program_key, verdict.capacity), verdict)
@@ -132,15 +141,17 @@ def unmeasured(platform: str, convolves: bool) -> str | None:
     return None
 
 
-# A program's K-step verdicts by key (``multistep.VERDICTS.of``): multistep sets it when it is
-# imported. It needs jax; this module does not, and the group decisions tested without jax judge
-# at one step per call.
+# A program's K-step verdicts by key (``multistep.VERDICTS.of``) and the per-call host cost they
+# measure (``multistep.VERDICTS.typical_call_s``): multistep sets them when it is imported. It
+# needs jax; this module does not, and the group decisions tested without jax judge at one step
+# per call.
 _kstep_verdicts: Callable[[str], list] | None = None
+_call_s: Callable[[], float] | None = None
 
 
-def judge_with(verdicts_of: Callable[[str], list]) -> None:
-    global _kstep_verdicts
-    _kstep_verdicts = verdicts_of
+def judge_with(verdicts_of: Callable[[str], list], call_s: Callable[[], float] | None = None) -> None:
+    global _kstep_verdicts, _call_s
+    _kstep_verdicts, _call_s = verdicts_of, call_s
 
 
 def group_key(program_key: str, capacity: int) -> str:
@@ -148,16 +159,26 @@ def group_key(program_key: str, capacity: int) -> str:
     return f"{program_key}/fused{capacity}"
 
 
-def fastest(verdicts: list) -> tuple[int, float] | None:
-    """(K, seconds per step) of the fastest form these K-step verdicts kept (bit-identical and
-    faster), or of one step per call if none was; None without a verdict."""
+def k_gain(verdicts: list) -> tuple[int, float] | None:
+    """``(K, multi / single)`` of the form these K-step verdicts kept (bit-identical and faster)
+    that its own check found to save the most (its K-step call's cost per step over its one-step
+    call's, both timed there together); ``(1, 1.0)`` if none was kept; None without a verdict."""
     if not verdicts:
         return None
-    best = (1, min(v.single_step_s for v in verdicts))
-    for v in verdicts:
-        if v.kept and v.multi_step_s < best[1]:
-            best = (v.form.k, v.multi_step_s)
-    return best
+    kept = [v for v in verdicts if v.kept and v.single_step_s > 0]
+    if not kept:
+        return 1, 1.0
+    best = min(kept, key=lambda v: v.multi_step_s / v.single_step_s)
+    return best.form.k, best.multi_step_s / best.single_step_s
+
+
+def at_k(step_s: float, k: int, ratio: float, call_s: float) -> float:
+    """A side's cost per call at K steps per call, from ``step_s``, its cost one step per call as
+    the fusion check timed it (the runtime's per-call host cost ``call_s`` included): the call's
+    own work shrinks by ``ratio`` (``k_gain``), and the per-call cost is paid once per K steps."""
+    if k == 1:
+        return step_s
+    return max(step_s - call_s, 0.0) * ratio + call_s / k
 
 
 def _decode(r: dict[str, Any]) -> tuple[tuple[str, int], FusionVerdict]:

@@ -163,19 +163,24 @@ class FusionPlan:
     split: list[tuple[int, int]] = field(default_factory=list)
 
 
-def explain(specs: list, device: Any = None, *, fenced: bool = False, streams: int | None = None) -> FusionPlan:
+def explain(specs: list, device: Any = None, *, fenced: bool = False, streams: int | None = None,
+            staging: dict[str, int] | None = None) -> FusionPlan:
     """Which of ``specs`` a fused runtime would run fused (one list of names per program) and,
     for every job that would run alone, why. The same steps the runtime takes (the program
     cache's lowering and key, this module's families), minus compiling: nothing is compiled or
     placed. ``fenced``: key the programs as a runtime with fences does (its measured fusion
     verdicts are under those keys). ``streams``: the execution streams its groups are split
-    over (``engine.streams.parallel_streams``; None: the device's, lanes in parallel)."""
+    over (``engine.streams.parallel_streams``; None: the device's, lanes in parallel).
+    ``staging``: the runtime's ``RuntimeConfig.staging`` (a group program kept beside the
+    compilation cache under it costs a load, not a compile; None: a default Runtime's)."""
     import jax
 
     from ..engine.streams import parallel_streams
 
-    from .leaves import layout_of
+    from ..config import RuntimeConfig
     from ..engine.source import END, BatchSource
+    from .fusion import loads
+    from .leaves import layout_of
 
     device = device if device is not None else jax.devices()[0]
     streams = parallel_streams(device, True) if streams is None else streams
@@ -206,10 +211,13 @@ def explain(specs: list, device: Any = None, *, fenced: bool = False, streams: i
         lefts = [steps[n] for n in names]
         known = [x for x in lefts if x is not None]
         capacity = split_capacity(len(names), streams)  # (each group's, as Groups.join opens them)
+        # As submit weighs it (prepare.py): a group program kept beside the cache is a load.
+        staging = staging if staging is not None else RuntimeConfig.of(None).staging  # (a default Runtime's)
+        compile_s = 0.0 if loads(programs[key], capacity, device, fenced=fenced, **staging) \
+            else max(PROGRAMS.slowest_compile_s, COLD_COMPILE_S)
         reason = None if len(names) < 2 else FUSION.weigh(
             key, capacity, min(len(names), capacity), sum(known) if len(known) == len(lefts) else None,
-            max(PROGRAMS.slowest_compile_s, COLD_COMPILE_S),
-            prior=unmeasured(device.platform, programs[key].convolves))
+            compile_s, prior=unmeasured(device.platform, programs[key].convolves))
         if reason is not None:
             alone.update({n: reason for n in names})
             del by_key[key]
