@@ -22,7 +22,6 @@ from .compiled import fusion, lifting
 from .causes import short_error
 from .compiled.compiler import PROGRAMS, Traced
 from .compiled.payoff import FUSION, unmeasured
-from .config import COLD_COMPILE_S
 from .compiled.leaves import layout_of, promoted
 from .engine.groups import GROUP_COMPILING
 from .engine.records import JobRecord, Prepared
@@ -308,8 +307,8 @@ class Preparation:
             program, hint = items[0][1].program, items[0][1].fuse_hint
             capacity = self.capacity(hint)
             lefts = [job.steps_left for job, _ in items]
-            compile_s = 0.0 if fusion.loads(program, capacity, self.device, fenced=fenced, **self.config.staging) \
-                else max(PROGRAMS.slowest_compile_s, COLD_COMPILE_S)
+            compile_s = fusion.group_compile_s(program, capacity, self.device, fenced=fenced,
+                                               staging=self.config.staging)
             reason = FUSION.weigh(key, capacity, min(len(items), capacity), None if None in lefts else sum(lefts), compile_s,
                                   prior=unmeasured(self.device.platform, program.convolves))
             if reason is not None:

@@ -29,7 +29,8 @@ import numpy as np
 
 from ... import ffi
 from ...memory.footprint import Footprint, footprint_from_analysis
-from .compiler import CompiledStep, tree_nbytes
+from ..config import COLD_COMPILE_S
+from .compiler import PROGRAMS, CompiledStep, tree_nbytes
 from .executables import EXECUTABLES, zeros_like
 
 GROUP_INFLIGHT_BYTES = 64 << 20    # ... as long as the in-flight stacked batches stay under this
@@ -239,6 +240,18 @@ def loads(program: CompiledStep, capacity: int, device: Any, *, fenced: bool, pr
         return True
     return EXECUTABLES.has_program(("group", program.key, capacity), _group_args(program, capacity, device, fenced),
                                    fenced=fenced, device=device)
+
+
+def group_compile_s(program: CompiledStep, capacity: int, device: Any, *, fenced: bool,
+                    staging: dict[str, int]) -> float:
+    """What opening a group of ``program`` at ``capacity`` costs in compiling, as the fuse
+    decision weighs it (``payoff.FusionVerdicts.weigh``; submit and ``explain`` both ask here):
+    nothing if its program is compiled or kept beside the cache (``loads``), else the slowest
+    compile this process has seen, at least ``COLD_COMPILE_S``. ``staging``:
+    ``RuntimeConfig.staging`` (part of the program's key)."""
+    if loads(program, capacity, device, fenced=fenced, **staging):
+        return 0.0
+    return max(PROGRAMS.slowest_compile_s, COLD_COMPILE_S)
 
 
 def regroup(states: list, slots: list[int], capacity: int) -> list:

@@ -21,7 +21,6 @@ from typing import Any
 import numpy as np
 
 from ...sched.capacity import parallel_groups, split_capacity
-from ..config import COLD_COMPILE_S
 from .compiler import PROGRAMS, CompiledStep
 from .lifting import NotLiftable
 from .payoff import FUSION, unmeasured
@@ -179,10 +178,11 @@ def explain(specs: list, device: Any = None, *, fenced: bool = False, streams: i
 
     from ..config import RuntimeConfig
     from ..engine.source import END, BatchSource
-    from .fusion import loads
+    from .fusion import group_compile_s
     from .leaves import layout_of
 
     device = device if device is not None else jax.devices()[0]
+    staging = staging if staging is not None else RuntimeConfig.of(None).staging  # (a default Runtime's)
     streams = parallel_streams(device, True) if streams is None else streams
     alone: dict[str, str] = {}
     named: list[tuple[str, CompiledStep, Any]] = []
@@ -211,13 +211,10 @@ def explain(specs: list, device: Any = None, *, fenced: bool = False, streams: i
         lefts = [steps[n] for n in names]
         known = [x for x in lefts if x is not None]
         capacity = split_capacity(len(names), streams)  # (each group's, as Groups.join opens them)
-        # As submit weighs it (prepare.py): a group program kept beside the cache is a load.
-        staging = staging if staging is not None else RuntimeConfig.of(None).staging  # (a default Runtime's)
-        compile_s = 0.0 if loads(programs[key], capacity, device, fenced=fenced, **staging) \
-            else max(PROGRAMS.slowest_compile_s, COLD_COMPILE_S)
         reason = None if len(names) < 2 else FUSION.weigh(
             key, capacity, min(len(names), capacity), sum(known) if len(known) == len(lefts) else None,
-            compile_s, prior=unmeasured(device.platform, programs[key].convolves))
+            group_compile_s(programs[key], capacity, device, fenced=fenced, staging=staging),  # (as submit)
+            prior=unmeasured(device.platform, programs[key].convolves))
         if reason is not None:
             alone.update({n: reason for n in names})
             del by_key[key]
