@@ -76,6 +76,9 @@ def _check_results(proc: subprocess.CompletedProcess, tmp_path: Path, name: str,
     keys = ("cpu", "cores", "load_avg_start", "date") + (() if name == "top_startup" else ("jax", "backend"))
     for key in keys:
         assert key in doc["machine"], key
+    # The machine's speed at the start and the end, the hour's measure the ratios depend on.
+    assert doc["machine"]["probe_ms_start"] > 0 and doc["machine"]["probe_ms_end"] > 0
+    assert "speed probe" in doc["machine_line"]
     columns, rows = doc["table"]["columns"], doc["table"]["rows"]
     assert columns and rows
     assert all(len(row) == len(columns) for row in rows)

@@ -136,7 +136,7 @@ def machine(device: bool = True) -> dict[str, Any]:
     except OSError:
         pass
     info: dict[str, Any] = {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
-                            "load_avg_start": _load(), "git": _git(),
+                            "load_avg_start": _load(), "probe_ms_start": speed_probe_ms(), "git": _git(),
                             "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")}
     if device:
         import jax
@@ -153,9 +153,36 @@ def machine_line(m: Mapping[str, Any]) -> str:
     load_s = f"load {load[0]:.2f}" if load else "load n/a"
     if m.get("load_avg_end"):
         load_s += f" -> {m['load_avg_end'][0]:.2f}"
+    probe = m.get("probe_ms_start")
+    probe_s = ""
+    if probe is not None:
+        end = m.get("probe_ms_end")
+        probe_s = f"; speed probe {probe:.0f}{f' -> {end:.0f}' if end is not None else ''} ms ({PROBE_ADDS // 10**6}M Python additions)"
     jax_s = (f"jax {m['jax']} (jaxlib {m['jaxlib']}), backend {m['backend']} ({m['device']})"
              if "jax" in m else "no jax")
-    return f"{m['cpu']}, {m['cores']} cores, {load_s} (1-min avg); python {m['python']}, {jax_s}; git {m['git'] or 'n/a'}"
+    return (f"{m['cpu']}, {m['cores']} cores, {load_s} (1-min avg){probe_s}; python {m['python']}, {jax_s}; "
+            f"git {m['git'] or 'n/a'}")
+
+
+# The speed probe's loop: the fastest of three runs took 28-34 ms on this project's 2-core VM on
+# 2026-11-29 at 08:15 UTC (and 48 ms minutes before: the machine's speed moves within minutes).
+PROBE_ADDS = 1_000_000
+
+
+def speed_probe_ms() -> float:
+    """How fast this machine runs Python right now: the fastest of three runs of a loop of
+    ``PROBE_ADDS`` additions, in ms. The project's shared 2-core VM runs the same code up to
+    ~1.6x slower in some hours than others, and that moves the plain loops (host-bound Python)
+    more than the runtime's K-step calls, so ratios from different hours differ (the hook's 8 x
+    3000 fused: 2.35-2.90x in a fast hour, 3.01-4.52x in slow ones: benchmarks/RESULTS.md). Each
+    results file records the probe at its start and end, so readers compare like with like."""
+    best = math.inf
+    for _ in range(3):
+        t0, total = time.perf_counter(), 0
+        for i in range(PROBE_ADDS):
+            total += i
+        best = min(best, time.perf_counter() - t0)
+    return round(1e3 * best, 1)
 
 
 def _load() -> list[float] | None:
@@ -198,6 +225,8 @@ def write_results(name: str, out_dir: Path, *, title: str, columns: Sequence[str
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     machine_info.setdefault("load_avg_end", _load())
+    if "probe_ms_start" in machine_info:
+        machine_info.setdefault("probe_ms_end", speed_probe_ms())
     cmd, table, mline = command_line(), markdown_table(columns, rows), machine_line(machine_info)
     print(f"\n{title}{' (SMOKE: tiny config, numbers meaningless)' if smoke else ''}\n\n{table}\n\nmachine: {mline}")
     doc = {"schema": "xshare.bench/v1", "benchmark": name, "smoke": smoke, "command": cmd,
