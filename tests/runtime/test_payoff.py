@@ -129,13 +129,35 @@ def test_a_running_group_dissolves_only_past_the_margin():
     assert not close.pays(4) and not close.loses(4)
 
 
+NARROW = FusionVerdict(capacity=4, solo_step_s=100e-6, fused_step_s=4 * 115e-6)  # 15% worse a member
+
+
+def test_a_narrow_loss_is_measured_again_where_its_group_program_costs_no_compile_until_it_stands():
+    v = FusionVerdicts()
+    v.put("k", NARROW)
+    assert NARROW.recheck(4) and not LOSES.recheck(4) and not PAYS.recheck(4)
+    assert v.weigh("k", 4, 4, None, compile_s=0.0) is None  # opens: measured again
+    assert v.weigh("k", 4, 4, None, compile_s=0.5).startswith("fusing does not pay")  # not worth a compile
+    assert v.weigh("k", 4, 2, None, compile_s=0.0).startswith("fusing does not pay")  # 2 members: 230 us, clear
+    # each measurement counts; after RECHECKS of them the loss stands
+    for n in range(2, payoff.RECHECKS + 1):
+        assert v.measured("k", NARROW).checks == n
+    assert not v.get("k", 4).recheck(4)
+    assert v.weigh("k", 4, 4, None, compile_s=0.0).startswith("fusing does not pay")
+    # a measurement that pays replaces it (and is never rechecked)
+    assert v.measured("k", PAYS).checks == payoff.RECHECKS + 1 and v.weigh("k", 4, 4, None, 0.0) is None
+
+
 def test_verdicts_persist_beside_the_compilation_cache_and_an_unreadable_file_is_ignored(tmp_path):
     a = FusionVerdicts()
     a.persist(str(tmp_path))
     a.put("k", LOSES)
+    a.measured("n", NARROW)
+    a.measured("n", NARROW)
     b = FusionVerdicts()
     b.persist(str(tmp_path))
     assert b.get("k", 4) == LOSES
+    assert b.get("n", 4).checks == 2  # (the count of measurements is kept too)
     (tmp_path / payoff.FILE).write_text("{not json")
     c = FusionVerdicts()
     c.persist(str(tmp_path))
@@ -246,6 +268,47 @@ def test_a_group_measured_to_lose_dissolves_and_its_members_finish_alone_without
         ref, _ = plain_loop(spec)
         for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(ref)):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
+def test_a_narrow_loss_kept_from_before_opens_its_group_again_and_is_measured_again(verdicts, monkeypatch, tmp_path):
+    """A verdict that fusing lost narrowly (as a disturbed measurement can say) does not keep the
+    program unfused for good: with its group program compiled, the next run fuses its jobs and
+    measures again, and the count of measurements grows (before: they ran alone, unmeasured)."""
+    monkeypatch.setattr(fusecheck, "MEASURE_AFTER", 0.0)  # (200 steps: measured however short)
+    specs = _slow_specs(4, steps=200)
+    for fenced in (False, True):  # the solo program the measurement times, compiled already
+        PROGRAMS.get(specs[0].job, specs[0].state, specs[0].data(0), device=jax.devices()[0],
+                     fenced=fenced).ensure()
+    with xshare.Runtime(policy="pack", memory="256MiB", fuse="always", parallel_lanes=False) as rt:
+        rt.submit_many(_slow_specs(4, steps=5))  # compiles the group program (4 slots): free from now
+        rt.wait()
+    with xshare.Runtime(policy="pack", memory="256MiB", fuse=True, log_dir=tmp_path, parallel_lanes=False) as rt:
+        key = _key(specs[0], rt.fences)
+        verdicts.put(key, FusionVerdict(capacity=4, solo_step_s=100e-6, fused_step_s=4 * 115e-6))
+        handles = rt.submit_many(specs)
+        rt.wait()
+        fused = rt.snapshot()["runtime"]["fused_member_steps"]
+    assert fused >= fusecheck.WARM_STEPS * 4  # it opened
+    assert verdicts.get(key, 4).checks == 2   # and was measured again
+    assert "fusion measured: a fused step of 4 slots" in (tmp_path / "j0" / "log.txt").read_text()
+    for spec, h in zip(specs, handles):  # fused, or fused then alone: every step once, in order
+        ref, _ = plain_loop(spec)
+        for a, b in zip(jax.tree.leaves(h.result()[0]), jax.tree.leaves(ref)):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
+def _slow_specs(n, steps):
+    """Linear-regression jobs whose batches take 1 ms to make: a group of them runs long enough
+    for the background compile its measurement waits for to land mid-run."""
+    specs = []
+    for i in range(n):
+        data = linreg_data(seed=i)
+
+        def slow(step, data=data):
+            time.sleep(0.001)
+            return data(step)
+        specs.append(linreg_step.bind(linreg_state(seed=i), slow, steps=steps, name=f"j{i}"))
+    return specs
 
 
 def test_a_short_group_is_not_measured_a_long_or_open_ended_one_is():

@@ -1,7 +1,9 @@
 """Measuring whether a fused group pays, and dissolving one that does not.
 
-A group opened without a verdict for its program (``compiled/payoff.py``) is measured once it has
-run ``WARM_STEPS`` steps, if it has enough steps left for the measurement to matter: its members' solo program compiles in the background (the tier thread),
+A group opened without a verdict for its program (``compiled/payoff.py``), or with one that fusing
+lost narrowly (measured again: ``FusionVerdict.recheck``), is measured once it has run
+``WARM_STEPS`` steps, if it has enough steps left for the measurement to matter: its members'
+solo program compiles in the background (the tier thread),
 then, at a step boundary, the dispatcher times the fused program on a copy of the group's stack
 and the solo program on a copy of one member's state, the same way (warm calls on zero batches,
 the fastest of ``CALLS``, plus the measured cost of one executable call on each side). A group
@@ -60,8 +62,11 @@ class FuseCheck:
         if state is None:
             if group.steps_run < WARM_STEPS:
                 return False
+            # Known already: nothing to measure, unless it was a narrow loss this group
+            # opened to measure again (payoff.FusionVerdict.recheck).
+            known = FUSION.judged(group.program.key, group.capacity)
             if (not self.config.fuse_measured or self.background is None
-                    or FUSION.get(group.program.key, group.capacity) is not None):
+                    or (known is not None and not known.recheck(len(group.members)))):
                 group.payoff = SETTLED
                 return False
             if group.step_time_s is None:
@@ -108,8 +113,7 @@ class FuseCheck:
         # before any): a fused call pays it once for all its members. Not the timeline's host gap,
         # which also holds the time the device waited for data.
         per_call = VERDICTS.typical_call_s()
-        verdict = FusionVerdict(capacity, solo_s + per_call, fused_s + per_call)
-        FUSION.put(group.program.key, verdict)
+        verdict = FUSION.measured(group.program.key, FusionVerdict(capacity, solo_s + per_call, fused_s + per_call))
         members = len(group.members)
         for job in group.members:
             self.recorder.line(job, f"fusion measured: a fused step of {capacity} slots costs each of {members} "
