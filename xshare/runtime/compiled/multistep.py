@@ -27,7 +27,7 @@ from ... import ffi
 from ...memory.footprint import Footprint, footprint_from_analysis
 from . import payoff
 from .compiler import PROGRAMS, CompiledStep, tree_nbytes
-from .verdict_store import JsonTable
+from .verdict_store import RECHECKS, JsonTable
 
 
 @dataclass(frozen=True)
@@ -273,7 +273,6 @@ class Verdicts:
 
 
 FILE = "verdicts.json"
-RECHECKS = 3   # checks of a bit-identical form timed slower before it is left off for good
 
 
 def _decode(r: dict[str, Any]) -> tuple[tuple[str, Form], Verdict]:

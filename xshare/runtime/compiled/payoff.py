@@ -20,13 +20,13 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from ...sched.steps import fusion_pays
-from .verdict_store import JsonTable
+from .verdict_store import RECHECKS, JsonTable
 
 FILE = "fusion-verdicts.json"
 MARGIN = 1.1   # a running group dissolves only if fused costs its members 10% more than alone
 # A verdict that fusing loses by less than this (a member's fused step over its solo step) is
 # measured again by later groups of the program, up to RECHECKS measurements in all.
-RECHECK_MARGIN, RECHECKS = 1.25, 3
+RECHECK_MARGIN = 1.25
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,12 @@ V = TypeVar("V")
 # number goes, a row that is not an object), besides the file's own OSError / JSON ValueError.
 _UNREADABLE = (OSError, ValueError, KeyError, TypeError, AttributeError)
 
+# Measurements a verdict that may have been disturbed gets before it stands, in both tables: a
+# bit-identical K-step form timed slower (``multistep.Verdict.recheck``), a narrow fusion loss
+# (``payoff.FusionVerdict.recheck``). One timing on a shared machine can be off; three agreeing
+# ones are not an accident.
+RECHECKS = 3
+
 
 class JsonTable(Generic[K, V]):
     """``key -> value`` in memory, behind one lock; with ``persist(directory)``, also the file
