@@ -139,6 +139,10 @@ def test_a_narrow_loss_is_measured_again_where_its_group_program_costs_no_compil
     assert v.weigh("k", 4, 4, None, compile_s=0.0) is None  # opens: measured again
     assert v.weigh("k", 4, 4, None, compile_s=0.5).startswith("fusing does not pay")  # not worth a compile
     assert v.weigh("k", 4, 2, None, compile_s=0.0).startswith("fusing does not pay")  # 2 members: 230 us, clear
+    # a run too short to be measured (fusecheck._worth) does not open for it: it would fuse at the
+    # loss and learn nothing. 460 us a group step: 1 s (two cold compiles) is ~2,200 group steps
+    assert v.weigh("k", 4, 4, 4 * 400, compile_s=0.0).startswith("fusing does not pay")  # the hook's 8 x 400
+    assert v.weigh("k", 4, 4, 4 * 3000, compile_s=0.0) is None
     # each measurement counts; after RECHECKS of them the loss stands
     for n in range(2, payoff.RECHECKS + 1):
         assert v.measured("k", NARROW).checks == n
@@ -284,7 +288,8 @@ def test_a_narrow_loss_kept_from_before_opens_its_group_again_and_is_measured_ag
         rt.wait()
     with xshare.Runtime(policy="pack", memory="256MiB", fuse=True, log_dir=tmp_path, parallel_lanes=False) as rt:
         key = _key(specs[0], rt.fences)
-        verdicts.put(key, FusionVerdict(capacity=4, solo_step_s=100e-6, fused_step_s=4 * 115e-6))
+        # (15% a member; 23 ms a group step: 200 of them are long enough to be measured again)
+        verdicts.put(key, FusionVerdict(capacity=4, solo_step_s=5e-3, fused_step_s=4 * 5.75e-3))
         handles = rt.submit_many(specs)
         rt.wait()
         fused = rt.snapshot()["runtime"]["fused_member_steps"]

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from ...sched.steps import fusion_pays
+from ..config import COLD_COMPILE_S
 from .verdict_store import RECHECKS, JsonTable
 
 FILE = "fusion-verdicts.json"
@@ -27,6 +28,10 @@ MARGIN = 1.1   # a running group dissolves only if fused costs its members 10% m
 # A verdict that fusing loses by less than this (a member's fused step over its solo step) is
 # measured again by later groups of the program, up to RECHECKS measurements in all.
 RECHECK_MARGIN = 1.25
+# A group is measured only with this many solo compiles' worth of its steps left (the measurement
+# waits for the solo program's compile: ``engine/fusecheck.py``); a recheck opens no group
+# shorter than that for a cold compile, which would fuse at the loss and measure nothing.
+MEASURE_AFTER = 2.0
 
 
 @dataclass(frozen=True)
@@ -56,17 +61,22 @@ class FusionVerdict:
         could make)."""
         return self.member_step_s(members) > MARGIN * self.solo_step_s
 
-    def recheck(self, members: int) -> bool:
+    def recheck(self, members: int, member_steps_left: int | None = None) -> bool:
         """Whether the next group of the program opens anyway, to be measured again: fusing lost,
-        but by less than ``RECHECK_MARGIN``, and it was measured fewer than ``RECHECKS`` times.
+        but by less than ``RECHECK_MARGIN``, it was measured fewer than ``RECHECKS`` times, and
+        the group has steps enough to be measured (``member_steps_left``, over its ``members``,
+        at the fused step's cost: ``MEASURE_AFTER`` cold compiles' worth; None: open-ended).
         One measurement times each side for a few calls, one side after the other, on a shared
         2-core machine where a compile or another process beside it can slow either: kept beside
         the cache, a disturbed "loses" would keep every later run of the program unfused, as a
         disturbed K-step check once did (``multistep.Verdict.recheck``, and the zoo sweep's
         verdict judged from two moments: benchmarks/RESULTS.md). A clear loss (the CNNs: 2-3x)
         is never measured again; a narrow one costs a recheck the group's steps, which cost its
-        members about what their own would."""
-        return (self.checks < RECHECKS and not self.pays(members)
+        members about what their own would; a group too short to be measured (the hook's 8 x
+        400 steps) would pay that and learn nothing, so it does not open."""
+        long_enough = (member_steps_left is None
+                       or member_steps_left / max(members, 1) * self.fused_step_s >= MEASURE_AFTER * COLD_COMPILE_S)
+        return (self.checks < RECHECKS and not self.pays(members) and long_enough
                 and self.member_step_s(members) < RECHECK_MARGIN * self.solo_step_s)
 
     def why_not(self, members: int) -> str:
@@ -144,7 +154,8 @@ class FusionVerdicts:
         if verdict is None:
             return prior
         if not verdict.pays(members):
-            return None if compile_s == 0.0 and verdict.recheck(members) else verdict.why_not(members)
+            return (None if compile_s == 0.0 and verdict.recheck(members, member_steps_left)
+                    else verdict.why_not(members))
         if member_steps_left is not None and not fusion_pays(member_steps_left, verdict.solo_step_s,
                                                              verdict.member_step_s(members), compile_s):
             saved = (verdict.solo_step_s - verdict.member_step_s(members)) * member_steps_left

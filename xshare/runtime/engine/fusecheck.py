@@ -26,7 +26,7 @@ import numpy as np
 
 from ..compiled import fusion
 from ..compiled.multistep import VERDICTS
-from ..compiled.payoff import FUSION, FusionVerdict
+from ..compiled.payoff import FUSION, MEASURE_AFTER, FusionVerdict
 from ..config import RuntimeConfig
 from .group import Group
 from .multicall import call, scratch_ident, state_copy
@@ -39,7 +39,6 @@ if TYPE_CHECKING:
 WARM_STEPS = 8   # group steps before it is measured (its first steps carry one-time costs)
 CALLS = 3        # timed calls each way; the fastest counts (the least disturbed by other threads)
 SETTLED = True   # Group.payoff once measured (or known): nothing more to do
-MEASURE_AFTER = 2.0  # measure only a group with this many solo compiles' worth of steps left
 
 
 class FuseCheck:
