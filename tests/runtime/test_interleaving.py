@@ -79,3 +79,31 @@ def test_round_robin_inside_one_lane_alternates_every_quantum():
     exact = sum(1 for _, n in middle if n == 2)
     assert exact >= 0.8 * len(middle), str(runs)
     assert all(a != b for (a, _), (b, _) in zip(runs, runs[1:]))
+
+
+def test_events_posted_while_others_apply_wait_one_dispatch():
+    """Events that arrive while the dispatcher applies others (a sweep's compile thread posts a
+    job every ~0.7 ms, about what admitting one takes) do not hold the running jobs' steps back
+    until they stop coming: each iteration applies the events posted by then, then dispatches.
+    Here every event posts the next, a stream that never pauses; the job steps between them."""
+    spec = linreg_step.bind(linreg_state(), linreg_data(), steps=1_000_000, name="long")
+    with xshare.Runtime(policy="fifo", memory="256MiB") as rt:
+        handle = rt.submit(spec)
+        deadline = time.monotonic() + 60
+        while handle.progress().steps_done == 0 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        dispatcher, job = rt._dispatcher, handle._rec
+        seen: list[int] = []
+
+        def chained(left: int) -> None:  # (on the dispatcher thread)
+            seen.append(job.dispatched)
+            if left:
+                dispatcher.post(chained, left - 1)
+
+        dispatcher.post(chained, 50)
+        while len(seen) < 51 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        rt.cancel(handle)
+    assert len(seen) == 51
+    # Steps were dispatched between the events (one dispatch runs a run of steps).
+    assert sum(1 for a, b in zip(seen, seen[1:]) if b > a) >= 25, seen
