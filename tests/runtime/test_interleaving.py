@@ -107,3 +107,25 @@ def test_events_posted_while_others_apply_wait_one_dispatch():
     assert len(seen) == 51
     # Steps were dispatched between the events (one dispatch runs a run of steps).
     assert sum(1 for a, b in zip(seen, seen[1:]) if b > a) >= 25, seen
+
+
+def test_the_dispatcher_ends_at_shutdown_without_waiting_idle():
+    """``shutdown`` is an event like the others; once it has run, the dispatcher thread ends at
+    once rather than going on to its idle wait (50 ms: the whole ``close`` of a short run)."""
+    spec = linreg_step.bind(linreg_state(), linreg_data(), steps=20, name="short")
+    rt = xshare.Runtime(policy="fifo", memory="256MiB")
+    rt.submit(spec)
+    rt.wait()
+    dispatcher = rt._dispatcher
+    waits_after_exit: list = []
+    wait = dispatcher._wake.wait
+
+    def watched(timeout=None):
+        if dispatcher._exit:
+            waits_after_exit.append(timeout)
+        return wait(timeout)
+
+    dispatcher._wake.wait = watched
+    rt.close()
+    assert not dispatcher.thread.is_alive()
+    assert waits_after_exit == []

@@ -268,11 +268,12 @@ class GroupCalls:
         the slot mask; None (nothing taken) if a member's batch does not have the compiled shape
         (the one-step path then fails that member alone)."""
         members = group.stepping()
+        sig = multistep.signature(group.zero_batch)  # (once a call, not once a batch)
         for _, job in members:
             for i, batch in enumerate(job.batches):
                 if i == k:
                     break
-                if not multistep.matches(batch, group.zero_batch):
+                if not multistep.fits(batch, sig):
                     return None
         taken = {}
         for slot, job in members:
