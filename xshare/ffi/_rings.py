@@ -29,7 +29,15 @@ def unknown_ring(ring_id: int) -> ValueError:
     return ValueError(f"unknown ring_id {ring_id}: never opened with open_ring(), or closed")
 
 
-def open_ring(capacity: int = 1 << 16) -> int:
+# A runtime's ring (two records a step, 28 bytes each: 7 MiB) holds what comes between two
+# drains by its recorder's tick (every 0.2 s, later when the GIL is busy). A sweep of 32 x
+# 2,000 trivial steps runs 90-105k steps a second end to end on this project's 2-core CPU: at
+# 1 << 16 the ring dropped 2-16k of its 128k records and the timeline lost those steps
+# (benchmarks/scale.py's trivial runs); at 1 << 18 none, 6 runs of 6.
+CAPACITY = 1 << 18
+
+
+def open_ring(capacity: int = CAPACITY) -> int:
     """A new ring of ``capacity`` records (28 bytes each); when full the oldest is dropped."""
     capacity = int32("capacity", capacity, minimum=1)
     ring_id = _loader.lib().xshare_ring_open(capacity)

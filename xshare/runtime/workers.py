@@ -36,13 +36,6 @@ from .prepare import Preparation
 log = logging.getLogger("xshare.runtime")
 
 
-# The fence ring holds this many records (two a step, 28 bytes each: 7 MiB), between two
-# drains by the recorder's tick (every 0.2 s, later when the GIL is busy). A sweep of 32 x
-# 2,000 trivial steps runs 90-105k steps a second end to end on this project's 2-core CPU: at
-# 1 << 16 the ring dropped 2-16k of its 128k records and the timeline lost those steps
-# (benchmarks/scale.py's trivial runs); at 1 << 18 none, 6 runs of 6.
-RING_RECORDS = 1 << 18
-
 class Workers:
     """A Runtime's threads: ``timeline``, ``recorder``, ``feeder``, ``dispatcher``, ``pool``
     (compiles), ``tier_pool`` (background K-step compiles); ``ring`` is the fence ring or None."""
@@ -50,7 +43,7 @@ class Workers:
     def __init__(self, *, policy: Any, config: RuntimeConfig, arena: Arena, device: Any, capacity_source: str,
                  jobs: JobTable, fenced: bool, writers: list[Any]) -> None:
         self._jobs = jobs
-        self.ring = ffi.open_ring(RING_RECORDS) if fenced else None
+        self.ring = ffi.open_ring() if fenced else None
         self.timeline = Timeline(self.ring, self._unit)
         self.recorder = Recorder(log_dir=config.log_dir, checkpoint_dir=config.checkpoint_dir, t0=jobs.t0,
                                  tick=self.timeline.drain if self.ring is not None else None,

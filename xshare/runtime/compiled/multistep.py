@@ -354,22 +354,18 @@ def deviation(a: list, b: list) -> float:
     return worst
 
 
-def matches(batch: Any, like: list) -> bool:
-    """Whether ``batch`` (a list or tuple of leaves) has exactly the shapes and dtypes of
-    ``like`` (the compiled batch's structs or arrays): what can be stacked into a K-step call. A
-    batch that does not stops the call before it; the one-step path then fails its job with the
-    reason."""
-    return fits(batch, signature(like))
-
-
 def signature(like: list) -> list[tuple]:
-    """``like``'s (shape, dtype) per leaf, for ``fits``: worked out once for a call's K batches."""
+    """``like``'s (shape, dtype) per leaf (the compiled batch's structs or arrays), for ``fits``:
+    worked out once for a call's batches."""
     return [(tuple(z.shape), z.dtype) for z in like]
 
 
 def fits(batch: Any, sig: list[tuple]) -> bool:
-    """``matches`` against a ``signature`` (the dispatcher asks it of every batch of a K-step
-    call: ~4 us a batch with the signature rebuilt for each, under 1 with it made once)."""
+    """Whether ``batch`` (a list or tuple of leaves) has exactly the shapes and dtypes of a
+    ``signature``: what can be stacked into a K-step or group call. A batch that does not stops
+    the call before it; the one-step path then fails its job with the reason. (The dispatcher
+    asks it of every batch of such a call: ~4 us a batch with the signature rebuilt for each,
+    under 1 with it made once.)"""
     if type(batch) not in (list, tuple) or len(batch) != len(sig):
         return False
     for x, (shape, dtype) in zip(batch, sig):
