@@ -70,13 +70,17 @@ class MultiCalls:
 
     # ------------------------------------------------------------------ how many steps
     def bounds(self, job: JobRecord) -> ksteps.Bounds:
+        """Where the job's next call must stop, its own policy bound included."""
+        return self.bounds_under(job, self.preemptive_cap(job) if self.config.preemptive else None)
+
+    def bounds_under(self, job: JobRecord, cap: int | None) -> ksteps.Bounds:
+        """``bounds`` with the policy's bound ``cap`` given (a group's, for its members)."""
         step = job.spec.start_step + job.dispatched
         spec = job.spec
         report = None
         if spec.on_metrics is not None:
             every = spec.on_metrics_every
             report = 1 if every is None else ksteps.until(step, every) if every else None
-        cap = self.preemptive_cap(job) if self.config.preemptive else None
         return ksteps.Bounds(
             left=job.steps_left,
             to_eval=ksteps.until(step, job.eval.every) if job.eval is not None else None,
@@ -119,9 +123,9 @@ class MultiCalls:
         if not self._fed(job) and len(batches) < want and job.source is not None:
             produce(job, self.device, blocking=True, n=want - len(batches))
         assert job.program is not None  # (it steps)
-        n, sig = 0, multistep.signature(job.program.batch_struct)
+        n, sig, fits = 0, job.program.batch_signature, multistep.fits
         for batch in batches:
-            if n == want or batch is END or isinstance(batch, DataError) or not multistep.fits(batch, sig):
+            if n == want or batch is END or type(batch) is DataError or not fits(batch, sig):
                 break
             n += 1
         return n

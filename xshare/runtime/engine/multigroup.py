@@ -78,11 +78,7 @@ class GroupCalls:
         same members and mask: the calls ``n`` turns would make, so the members end as they
         would (``Executor.run`` for a solo job). A call that raises fails every member, as in
         ``step``; the group steps before it count."""
-        got = self.take_batches(group, n)
-        if got is None:
-            self.step(group, li, pos)  # (a member's batch does not fit: it fails alone there)
-            return
-        taken, stacked, mask = got
+        taken, stacked, mask = self.take_batches(group, n)
         group.now = None
         if fusion.on_host(group.arrays):  # its first step: the stack its members joined goes over
             group.arrays = jax.device_put(group.arrays, self.device)
@@ -251,8 +247,7 @@ class GroupCalls:
             cap = max(ksteps.preemptive_cap(step_s, ksteps.QUANTUM_S / (1 + self.config.dispatch_ahead)), self.config.quantum)
         k = max(available)
         for _, job in members:
-            bounds = dataclasses.replace(self.multi.bounds(job), cap=cap)
-            k = min(k, ksteps.steps_per_call(bounds, available))
+            k = min(k, ksteps.steps_per_call(self.multi.bounds_under(job, cap), available))
             if k == 1:
                 return 1
         for _, job in members:
@@ -263,18 +258,13 @@ class GroupCalls:
                     return 1
         return k
 
-    def take_batches(self, group: Group, k: int) -> tuple[dict, list, np.ndarray] | None:
+    def take_batches(self, group: Group, k: int) -> tuple[dict, list, np.ndarray]:
         """Every stepping member's next ``k`` batches, stacked (k, capacity, ...) per leaf, with
-        the slot mask; None (nothing taken) if a member's batch does not have the compiled shape
-        (the one-step path then fails that member alone)."""
+        the slot mask. Called right after ``steps_this_call`` answered at least ``k`` in the same
+        turn: that counted, for each member, the batches that fit the group's program
+        (``ready_batches``; a batch of other shapes stops the count, so the call stops before
+        it and the one-step path deals with it), and they are these."""
         members = group.stepping()
-        sig = multistep.signature(group.zero_batch)  # (once a call, not once a batch)
-        for _, job in members:
-            for i, batch in enumerate(job.batches):
-                if i == k:
-                    break
-                if not multistep.fits(batch, sig):
-                    return None
         taken = {}
         for slot, job in members:
             taken[slot] = (job, job.spec.start_step + job.dispatched, [job.batches.popleft() for _ in range(k)])
@@ -283,25 +273,19 @@ class GroupCalls:
         capacity = group.capacity
         mask = np.zeros((capacity,), np.bool_)
         mask[list(taken)] = True
+        # Per leaf, one ``np.array`` of its k * capacity rows in (step, slot) order (an idle
+        # slot's rows are zeros): one copy of each, ~20% less of the dispatcher's time than a
+        # row assigned at a time (44 against 54 us a call, K=16 x 4 slots of the hook's batch).
+        batches = [taken[slot][2] if slot in taken else None for slot in range(capacity)]
         stacked = []
         for leaf, zero in enumerate(group.zero_batch):
-            out = np.empty((k, capacity) + zero.shape, zero.dtype)
-            for slot in range(capacity):
-                if slot in taken:
-                    for i, batch in enumerate(taken[slot][2]):
-                        out[i, slot] = batch[leaf]
-                else:
-                    out[:, slot] = zero
-            stacked.append(out)
+            rows = [zero if b is None else b[i][leaf] for i in range(k) for b in batches]
+            stacked.append(np.array(rows).reshape((k, capacity) + zero.shape))
         return taken, stacked, mask
 
     def dispatch(self, group: Group, li: int, pos: int, k: int) -> None:
         """K steps of ``group`` in one call of its K-step program."""
-        got = self.take_batches(group, k)
-        if got is None:
-            self.step(group, li, pos)
-            return
-        taken, stacked, mask = got
+        taken, stacked, mask = self.take_batches(group, k)
         group.now = None
         t = time.monotonic_ns()
         try:
@@ -382,11 +366,7 @@ class GroupCalls:
         if not group.stepping() or self.steps_this_call(group, (1, k)) < k:
             group.tier.pending = _done(multi)
             return False
-        got = self.take_batches(group, k)
-        if got is None:
-            group.tier.pending = _done(multi)
-            return False
-        verdict = self._check(group, li, pos, multi, *got)
+        verdict = self._check(group, li, pos, multi, *self.take_batches(group, k))
         keep = self.tiers.keeps(verdict)
         self.multi.settled(self.tiers.settle(group.tier, key, multi, verdict,
                                               self._group_room(group, multi) if keep else False))

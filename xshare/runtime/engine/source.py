@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator
 
 import jax
 import numpy as np
+from jax.tree_util import tree_flatten
 
 from ..._errors import XShareError
 from ..compiled.leaves import layout_of
@@ -137,20 +138,21 @@ def produce(job: Any, device: Any, *, blocking: bool = True, n: int = 1) -> bool
     if not job.feed_lock.acquire(False) and not (blocking and job.feed_lock.acquire()):
         return False
     try:
-        t0 = time.perf_counter()
+        clock, append = time.perf_counter, job.batches.append
+        t0 = clock()
         for _ in range(n):
             source = job.source
             if source is None or job.data_done:
                 return True  # ended, or ran dry, since it asked
             batch = _next(job, source, device)
-            t1 = time.perf_counter()
+            t1 = clock()
             dt, t0 = t1 - t0, t1
             # A slowly rising minimum, not a mean: a thread preempted mid-batch (a shared machine,
             # the GIL) must not make cheap data look expensive, while data that truly got slower
             # raises it by 2% a batch.
             job.data_s = dt if job.data_s is None else min(dt, job.data_s * 1.02)
-            job.batches.append(batch)
-            if batch is END or isinstance(batch, DataError):
+            append(batch)
+            if batch is END or type(batch) is DataError:
                 job.source = None  # produce nothing more for it
         return True
     finally:
@@ -167,7 +169,7 @@ def _next(job: Any, source: BatchSource, device: Any) -> Any:
             return END
         layout = job.batch_layout
         if layout.plain:  # the common case: a flatten and a structure check
-            leaves, treedef = jax.tree.flatten(batch)
+            leaves, treedef = tree_flatten(batch)
             if treedef != layout.treedef:
                 raise BatchMismatch(f"batch {step} does not match the compiled step: its "
                                     f"structure is {treedef}, expected {layout.treedef}")
