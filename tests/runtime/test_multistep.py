@@ -183,9 +183,9 @@ def test_an_inexact_verdict_from_before_deviations_were_kept_is_checked_again_un
     from xshare.runtime.engine.tiers import Candidate, JobTier, Tiers
 
     monkeypatch.setattr(multistep, "VERDICTS", multistep.Verdicts())
-    form = FORMS[0]
+    form = FORMS[0]  # (K=16 rolled: a step of 1 ms is too long for K=32, ``rolled_k``)
     multistep.VERDICTS.put("k", multistep.Verdict(form, False, 2e-4, 1e-4, why="differs", deviation=math.nan))
-    c = Candidate(key="k", compile=lambda f: None, steps_done=100, step_s=1e-4, steps_left=10_000,
+    c = Candidate(key="k", compile=lambda f: None, steps_done=100, step_s=1e-3, steps_left=10_000,
                   gap_s=None, period=None)
     for rtol, rechecked in ((1e-3, True), (None, False)):
         tiers = Tiers(device=None, submit=lambda fn: Future(), max_k=32, compile_estimate=lambda: None,
@@ -238,6 +238,33 @@ def test_the_forms_tried_fit_the_jobs_boundaries():
     assert tiers.forms(1) == []
     assert Tiers(device=None, submit=lambda fn: None, max_k=2, compile_estimate=lambda: None).forms(None) \
         == [Form(2, False), Form(2, True)]
+    # A short step's rolled form runs 32 steps a call (``rolled_k``), within the same bounds
+    assert tiers.forms(None, 100e-6) == [Form(32, False), Form(8, True)]
+    assert tiers.forms(None, 1e-3) == list(FORMS)
+    assert tiers.forms(20, 100e-6) == [Form(16, False), Form(8, True)]
+
+
+def test_a_unit_not_timed_yet_takes_its_forms_from_its_programs_checked_step_time(monkeypatch):
+    """At a relaunch a unit's first turn comes before its steps are timed: the one-step time its
+    program's check measured (kept beside the cache) chooses its rolled K, so the K=32 form a
+    short step kept is adopted at once, not after its first steps."""
+    from concurrent.futures import Future
+
+    from xshare.runtime.engine.tiers import Candidate, JobTier, Tiers
+
+    monkeypatch.setattr(multistep, "VERDICTS", multistep.Verdicts())
+    k32 = Form(32, False)
+    multistep.VERDICTS.put("short", multistep.Verdict(k32, True, 140e-6, 77e-6))
+    submitted: list = []
+    tiers = Tiers(device=None, submit=lambda fn: submitted.append(fn) or Future(), max_k=32,
+                  compile_estimate=lambda: None)
+    for key, form in (("short", k32), ("unknown", None)):
+        c = Candidate(key=key, compile=lambda f: None, steps_done=0, step_s=None, steps_left=3000,
+                      gap_s=None, period=None)
+        tier = JobTier()
+        tiers.consider(tier, c)
+        assert tier.form == form, (key, tier.form, tier.note)
+    assert len(submitted) == 1  # the kept K=32 form is loaded; the unknown program waits for its steps
 
 
 def test_first_difference_names_the_leaf():
@@ -347,7 +374,8 @@ def test_a_program_that_ran_here_before_weighs_its_k_step_compile_against_its_la
 
     monkeypatch.setattr(multistep, "VERDICTS", multistep.Verdicts())
     monkeypatch.setattr(multistep.VERDICTS, "typical_call_s", lambda: 60e-6)
-    # K=16 saves ~56 us a step: 2992 steps left ~0.17 s, less than a ~0.45 s compile (0.3 s x 1.5 rolled)
+    # K=32 (a 100 us step: ``rolled_k``) saves ~58 us a step: 2992 steps left ~0.17 s, less than
+    # a ~0.45 s compile (0.3 s x 1.5 rolled)
     c = Candidate(key="k", compile=lambda f: None, steps_done=8, step_s=100e-6, steps_left=2992,
                   gap_s=None, period=None)
 
@@ -367,7 +395,7 @@ def test_a_program_that_ran_here_before_weighs_its_k_step_compile_against_its_la
     again = weigh(history.Runs(1, 3000))   # 5992 steps: ~0.34 s, still less
     assert again.form is None and "~3000 expected of later runs here" in again.note
     often = weigh(history.Runs(5, 15000))  # three more runs expected: 11992 steps, ~0.67 s
-    assert often.form == FORMS[0] and "compiling" in often.note
+    assert often.form == Form(32, False) and "compiling" in often.note
     table = tiers_module.HISTORY
     assert table.get("k") == history.Runs(6, 18000)  # this run counted, once
     tier = next(iter(table._seen["k"].units))
@@ -396,17 +424,17 @@ def test_the_steps_a_job_runs_while_its_k_step_form_compiles_do_not_repay_the_co
     monkeypatch.setattr(tiers_module, "HISTORY", table)
 
     def weigh(left: int) -> JobTier:
-        # ~56 us a step saved at K=16 of 100 us; a ~0.45 s compile, ~4500 steps run meanwhile
+        # ~58 us a step saved at K=32 of 100 us; a ~0.45 s compile, ~4500 steps run meanwhile
         c = Candidate(key=f"k{left}", compile=lambda f: None, steps_done=8, step_s=100e-6, steps_left=left,
                       gap_s=None, period=None)
         tier = JobTier()
         Tiers(device=None, submit=lambda fn: Future(), max_k=32, compile_estimate=lambda: 0.3).consider(tier, c)
         return tier
 
-    short = weigh(12_000)   # 7500 steps after it lands: ~0.42 s (all 12,000 would be ~0.67 s)
+    short = weigh(12_000)   # 7500 steps after it lands: ~0.44 s (all 12,000 would be ~0.70 s)
     assert short.form is None and "~4500 of those steps run while it compiles" in short.note
     long = weigh(20_000)    # 15,500 after it: ~0.87 s
-    assert long.form == FORMS[0] and "compiling" in long.note
+    assert long.form == Form(32, False) and "compiling" in long.note
 
 
 def test_a_fused_group_whose_measured_host_gap_exceeds_the_kept_forms_call_cost_expects_to_save_its_gap(
@@ -434,15 +462,16 @@ def test_a_fused_group_whose_measured_host_gap_exceeds_the_kept_forms_call_cost_
         Tiers(device=None, submit=lambda fn: Future(), max_k=32, compile_estimate=lambda: 0.5).consider(tier, c)
         return tier
 
-    # (the steps run while it compiles save nothing: 0.75 s at 220 us a step, ~3400 of them)
-    small = weigh(20e-6)   # a gap under the kept forms' 45 us: ~42 us a step x ~2600, ~0.11 s
-    assert small.form is None and "would save ~42 us/step" in small.note
-    # its own 400 us gap: 600 us a step, ~1250 of them meanwhile; ~375 us a step x ~4750, ~1.8 s
+    # (K=32: 32 steps of 200 us fit in QUANTUM_S, ``rolled_k``; the steps run while it compiles
+    # save nothing: 0.75 s at 220 us a step, ~3400 of them)
+    small = weigh(20e-6)   # a gap under the kept forms' 45 us: ~44 us a step x ~2600, ~0.11 s
+    assert small.form is None and "would save ~44 us/step" in small.note
+    # its own 400 us gap: 600 us a step, ~1250 of them meanwhile; ~388 us a step x ~4750, ~1.8 s
     group = weigh(400e-6)
-    assert group.form == FORMS[0] and "compiling" in group.note and "~375 us/step" in group.note
+    assert group.form == Form(32, False) and "compiling" in group.note and "~388 us/step" in group.note
     # A solo job's gap over the kept figure is a compile beside it holding the GIL: not counted
     solo = weigh(400e-6, group=False)
-    assert solo.form is None and "would save ~42 us/step" in solo.note
+    assert solo.form is None and "would save ~44 us/step" in solo.note
 
 
 def test_a_form_another_job_of_the_program_began_compiling_is_taken_whatever_is_left_to_repay(monkeypatch, tmp_path):
@@ -475,7 +504,7 @@ def test_a_form_another_job_of_the_program_began_compiling_is_taken_whatever_is_
     assert new.form is None and new.pending is None and "less than its compile" in new.note
     assert not submitted
     taken = weigh(begun=True, steps_done=0)  # (at its first turn: no step time needed)
-    assert taken.form == FORMS[0] and taken.pending is not None and len(submitted) == 1
+    assert taken.form == Form(32, False) and taken.pending is not None and len(submitted) == 1
     assert "compiled for another job of its program" in taken.note
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from xshare.sched.steps import (MAX_STEPS_PER_CALL, QUANTUM_S, Bounds, fusion_pays, pow2_floor,
-                                preemptive_cap, promotion_pays, steps_per_call, until)
+                                preemptive_cap, promotion_pays, rolled_k, steps_per_call, until)
 
 K16 = (1, 16)
 
@@ -82,6 +82,22 @@ def test_fusion_pays_only_when_a_member_step_is_cheaper_than_a_solo_one():
     assert fusion_pays(8 * 3000, solo_step_s=100e-6, fused_member_step_s=30e-6, compile_s=0.5)
     assert not fusion_pays(8 * 3000, solo_step_s=100e-6, fused_member_step_s=110e-6, compile_s=0.0)
     assert not fusion_pays(8 * 50, solo_step_s=100e-6, fused_member_step_s=30e-6, compile_s=0.5)
+
+
+@pytest.mark.parametrize("step_s, want", [
+    (None, 16),                          # not timed yet: the base K
+    (77e-6, 32),                         # the hook's fused group at K=16: 32 of them, 2.5 ms a call
+    (QUANTUM_S / MAX_STEPS_PER_CALL, 32),  # exactly a quantum's worth of 32 steps
+    (QUANTUM_S / MAX_STEPS_PER_CALL * 1.01, 16),  # past it: a call would outlast the quantum
+    (1e-3, 16),                          # a 1 ms step: 16 ms calls already, nothing to gain
+    (0.0, 16),                           # an unusable time (no fence record): the base K
+])
+def test_a_short_steps_rolled_form_runs_more_steps_a_call(step_s, want):
+    assert rolled_k(16, step_s) == want
+
+
+def test_rolled_k_never_lowers_the_base():
+    assert rolled_k(64, 1e-6) == 64
 
 
 @pytest.mark.parametrize("n, want", [(0, 1), (1, 1), (2, 2), (3, 2), (31, 16), (32, 32), (33, 32)])

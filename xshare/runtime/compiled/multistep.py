@@ -66,7 +66,8 @@ STATE_ONLY = (0,)
 
 # The forms tried for a program, in order: a rolled loop first (its compile does not grow with
 # K), then a shorter unrolled one (a compile K bodies long; for programs whose rolled form is
-# slower or not bit-identical). A program keeps the first that passes the check.
+# slower or not bit-identical). A program keeps the first that passes the check. The rolled
+# loop runs 32 steps a call instead of 16 for a short step (``sched.steps.rolled_k``).
 FORMS = (Form(16, False), Form(8, True))
 
 
@@ -261,6 +262,12 @@ class Verdicts:
 
     def clear(self) -> None:
         self._table.clear()
+
+    def step_s(self, program_key: str) -> float | None:
+        """The program's one-step time as its checks measured it (the fastest; None: never
+        checked): what a unit's forms are chosen by before its own steps are timed."""
+        times = [v.single_step_s for v in self.of(program_key) if v.single_step_s > 0]
+        return min(times) if times else None
 
     def typical_call_s(self) -> float:
         """What one executable call costs beyond its steps' work, as the forms kept so far

@@ -21,7 +21,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
-from ...sched.steps import pow2_floor, promotion_pays
+from ...sched.steps import pow2_floor, promotion_pays, rolled_k
 from ..compiled import multistep
 from ..compiled.history import HISTORY
 from ..compiled.multistep import FORMS, Form, MultiStep, Verdict
@@ -116,7 +116,8 @@ class Tiers:
             return
         tier.considered = True
         while True:
-            form = next((f for f in self.forms(c.period) if f not in tier.tried), None)
+            step_s = c.step_s if c.step_s is not None else multistep.VERDICTS.step_s(c.key)
+            form = next((f for f in self.forms(c.period, step_s) if f not in tier.tried), None)
             if form is None:
                 if not tier.note:
                     tier.note = (f"one step per call: its boundaries (evaluation, checkpoint, reports, or "
@@ -194,12 +195,13 @@ class Tiers:
                          f"over {over}, less than its compile (~{estimate:.2f} s, ~{round(estimate / now)} "
                          f"of those steps run while it compiles)")
 
-    def forms(self, period: int | None) -> list[Form]:
-        """The forms to try, K no larger than ``period`` or this runtime's cap (powers of two)."""
+    def forms(self, period: int | None, step_s: float | None = None) -> list[Form]:
+        """The forms to try, K no larger than ``period`` or this runtime's cap (powers of two);
+        a rolled form's K by the unit's one-step time ``step_s`` (``rolled_k``)."""
         cap = min(self.max_k, period or self.max_k)
         out = []
         for form in FORMS:
-            k = min(form.k, pow2_floor(cap))
+            k = min(form.k if form.unroll else rolled_k(form.k, step_s), pow2_floor(cap))
             if k >= 2 and Form(k, form.unroll) not in out:
                 out.append(Form(k, form.unroll))
         return out
