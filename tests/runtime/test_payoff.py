@@ -58,6 +58,26 @@ def test_a_paying_group_still_must_repay_its_compile_from_the_steps_left():
     assert v.weigh("k", 4, 4, 4 * 100, compile_s=0.0) is None  # compiled already: free
 
 
+def test_a_group_compile_one_run_cannot_repay_is_weighed_with_the_programs_later_runs_here(monkeypatch, tmp_path):
+    """The group's program is kept for later runs of its program, as a K-step form is: the hook's
+    8 x 3000 saved 0.49 s a run against a 0.50 s compile, and once its cached fused program was
+    lost (a new fence library) no run compiled it again: every later run stayed unfused."""
+    from xshare.runtime.compiled import history
+
+    table = history.RunHistory()
+    table.persist(str(tmp_path))
+    monkeypatch.setattr(payoff, "HISTORY", table)
+    v = FusionVerdicts()
+    v.put("k", PAYS)  # 70 us a member step saved
+    why = v.weigh("k", 4, 4, 4 * 1500, compile_s=0.5)  # 6000 x 70 us = 0.42 s
+    assert why is not None and why.startswith("fusing would not repay its program's compile: 6000 member steps left save")
+    table._table.put("k", history.Runs(2, 12000))  # two runs of 6000 steps here before: two more expected
+    assert v.weigh("k", 4, 4, 4 * 1500, compile_s=0.5) is None  # 18000 x 70 us = 1.26 s
+    table._table.put("k", history.Runs(1, 600))  # one short run before: ~600 more
+    why = v.weigh("k", 4, 4, 4 * 1000, compile_s=0.5)  # 4600 x 70 us = 0.32 s
+    assert why is not None and "4000 member steps left and ~600 expected of later runs here save 0.32 s" in why
+
+
 def _k16_verdicts(monkeypatch):
     from xshare.runtime.compiled import multistep
     from xshare.runtime.compiled.multistep import FORMS

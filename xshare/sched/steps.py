@@ -132,10 +132,12 @@ def promotion_pays(steps_left: int | None, step_s_now: float, step_s_next: float
 
 
 def fusion_pays(member_steps_left: int, solo_step_s: float, fused_member_step_s: float,
-                compile_s: float) -> bool:
-    """Whether a fused group pays: the steps its members have left (summed) times what a
-    member step saves against a solo step, against the group program's compile."""
-    return promotion_pays(member_steps_left, solo_step_s, fused_member_step_s, compile_s)
+                compile_s: float, *, later_steps: int = 0) -> bool:
+    """Whether a fused group pays: the steps its members have left (summed), and the member
+    steps later runs are expected to take on its program (kept for them), times what a member
+    step saves against a solo step, against the group program's compile."""
+    return promotion_pays(member_steps_left, solo_step_s, fused_member_step_s, compile_s,
+                          later_steps=later_steps)
 
 
 def pow2_floor(n: int) -> int:

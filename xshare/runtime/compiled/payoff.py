@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 from ...sched.steps import fusion_pays
 from ..config import COLD_COMPILE_S
+from .history import HISTORY
 from .verdict_store import RECHECKS, JsonTable
 
 FILE = "fusion-verdicts.json"
@@ -156,11 +157,21 @@ class FusionVerdicts:
         if not verdict.pays(members):
             return (None if compile_s == 0.0 and verdict.recheck(members, member_steps_left)
                     else verdict.why_not(members))
-        if member_steps_left is not None and not fusion_pays(member_steps_left, verdict.solo_step_s,
-                                                             verdict.member_step_s(members), compile_s):
-            saved = (verdict.solo_step_s - verdict.member_step_s(members)) * member_steps_left
-            return (f"fusing would not repay its program's compile: {member_steps_left} member steps "
-                    f"left save {saved:.2f} s against a {compile_s:.2f} s compile")
+        if member_steps_left is None or compile_s == 0.0:
+            return None
+        # The group's program is kept beside the cache for later runs of the program here, as a
+        # K-step form is: the steps its earlier runs lead us to expect of them count too
+        # (history.py). Weighed on this run alone, a sweep whose fused program the cache had lost
+        # (a new fence library, or an evicted entry) ran unfused on every later run: the hook's
+        # 8 x 3000 saved 0.49 s a run against a 0.50 s compile, and no run ever compiled it.
+        runs = HISTORY.get(program_key)
+        later = runs.expected_steps() if runs is not None else 0
+        if not fusion_pays(member_steps_left, verdict.solo_step_s, verdict.member_step_s(members), compile_s,
+                           later_steps=later):
+            saved = (verdict.solo_step_s - verdict.member_step_s(members)) * (member_steps_left + later)
+            over = f"{member_steps_left} member steps left" + (f" and ~{later} expected of later runs here"
+                                                                if later else "")
+            return f"fusing would not repay its program's compile: {over} save {saved:.2f} s against a {compile_s:.2f} s compile"
         return None
 
 
