@@ -115,8 +115,10 @@ class Tiers:
         if not self.enabled or tier.considered or tier.pending is not None or tier.multi is not None:
             return
         tier.considered = True
+        # (before its steps are timed, at a relaunch's first turn: the one-step time its
+        # program's check kept, which chooses a rolled form's K as the unit's own would)
+        step_s = c.step_s if c.step_s is not None else multistep.VERDICTS.step_s(c.key)
         while True:
-            step_s = c.step_s if c.step_s is not None else multistep.VERDICTS.step_s(c.key)
             form = next((f for f in self.forms(c.period, step_s) if f not in tier.tried), None)
             if form is None:
                 if not tier.note:
