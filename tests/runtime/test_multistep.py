@@ -244,6 +244,46 @@ def test_the_forms_tried_fit_the_jobs_boundaries():
     assert tiers.forms(20, 100e-6) == [Form(16, False), Form(8, True)]
 
 
+def test_a_short_step_runs_32_steps_a_call_and_ends_as_the_plain_loop(monkeypatch):
+    """A step far shorter than QUANTUM_S / 32 takes the K=32 rolled form (``rolled_k``): its
+    calls run 32 steps, and the job ends bit-identical to the plain jit loop. (Under srtf, whose
+    forms wait for the job's measured step time; no verdict of the program from other tests.)"""
+    monkeypatch.setattr(multistep, "VERDICTS", multistep.Verdicts())
+    steps = 2000
+
+    def make():
+        return linreg_step.bind(linreg_state(seed=7), linreg_data(seed=7), steps=steps, name="lin")
+
+    handle = run_until_k_steps(32, make, memory="256MiB", steps_per_call=32, policy="srtf", quantum=32)
+    tier = handle._rec.tier
+    assert tier.steps_at.get(32, 0) >= 1024 and tier.form == Form(32, False), (tier.steps_at, tier.note)
+    assert_trees_equal(handle.result()[0], plain_loop(make())[0])
+
+
+def test_a_form_kept_on_this_machine_is_taken_before_one_the_step_time_asks_for(monkeypatch):
+    """A program kept at K=16 (before short steps ran 32 a call) is adopted at K=16 at once: a
+    relaunch that compiled K=32 first ran every step of a job shorter than that compile one per
+    call, beside a kept K=16 form 5x faster."""
+    from concurrent.futures import Future
+
+    from xshare.runtime.engine.tiers import Candidate, JobTier, Tiers
+
+    monkeypatch.setattr(multistep, "VERDICTS", multistep.Verdicts())
+    k16 = Form(16, False)
+    multistep.VERDICTS.put("kept16", multistep.Verdict(k16, True, 16e-6, 3e-6))
+    multistep.VERDICTS.put("slow16", multistep.Verdict(k16, True, 16e-6, 20e-6, checks=9))  # slower: not kept
+    tiers = Tiers(device=None, submit=lambda fn: Future(), max_k=32, compile_estimate=lambda: 0.1)
+    c = Candidate(key="kept16", compile=lambda f: None, steps_done=100, step_s=16e-6, steps_left=100_000,
+                  gap_s=None, period=None)
+    assert tiers._ordered(c, 16e-6) == [k16, Form(32, False), Form(8, True)]
+    tier = JobTier()
+    tiers.consider(tier, c)
+    assert tier.form == k16 and tier.pending is not None  # (its program loaded on the pool, not compiled)
+    slow = Candidate(key="slow16", compile=lambda f: None, steps_done=100, step_s=16e-6, steps_left=100_000,
+                     gap_s=None, period=None)
+    assert tiers._ordered(slow, 16e-6) == [Form(32, False), Form(8, True)]
+
+
 def test_a_unit_not_timed_yet_takes_its_forms_from_its_programs_checked_step_time(monkeypatch):
     """At a relaunch a unit's first turn comes before its steps are timed: the one-step time its
     program's check measured (kept beside the cache) chooses its rolled K, so the K=32 form a
