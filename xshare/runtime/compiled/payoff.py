@@ -157,7 +157,7 @@ class FusionVerdicts:
         if not verdict.pays(members):
             return (None if compile_s == 0.0 and verdict.recheck(members, member_steps_left)
                     else verdict.why_not(members))
-        if member_steps_left is None or compile_s == 0.0:
+        if member_steps_left is None:
             return None
         # The group's program is kept beside the cache for later runs of the program here, as a
         # K-step form is: the steps its earlier runs lead us to expect of them count too
