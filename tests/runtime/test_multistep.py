@@ -242,6 +242,8 @@ def test_the_forms_tried_fit_the_jobs_boundaries():
     assert tiers.forms(None, 100e-6) == [Form(32, False), Form(8, True)]
     assert tiers.forms(None, 1e-3) == list(FORMS)
     assert tiers.forms(20, 100e-6) == [Form(16, False), Form(8, True)]
+    assert tiers.forms(100, 100e-6) == [Form(32, False), Form(8, True)]  # (4 steps one per call, as at 16)
+    assert tiers.forms(50, 100e-6) == list(FORMS)                         # (18 against 2: stays 16)
 
 
 def test_a_short_step_runs_32_steps_a_call_and_ends_as_the_plain_loop(monkeypatch):

@@ -100,6 +100,18 @@ def test_rolled_k_never_lowers_the_base():
     assert rolled_k(64, 1e-6) == 64
 
 
+@pytest.mark.parametrize("period, want", [
+    (None, 32),   # no boundary: 32
+    (100, 32),    # every 100 steps: 3 calls of 32 and 4 one per call, as 6 of 16 and 4
+    (64, 32),     # a multiple of 32: no step one per call either way
+    (50, 16),     # 18 steps a period one per call at K=32, 2 at K=16
+    (48, 16),     # 16 against none
+    (20, 16),     # shorter than 32 (the forms cap K below it anyway)
+])
+def test_a_short_steps_rolled_k_leaves_no_more_steps_one_per_call_before_a_boundary(period, want):
+    assert rolled_k(16, 77e-6, period) == want
+
+
 @pytest.mark.parametrize("n, want", [(0, 1), (1, 1), (2, 2), (3, 2), (31, 16), (32, 32), (33, 32)])
 def test_pow2_floor(n, want):
     assert pow2_floor(n) == want

@@ -218,7 +218,7 @@ class Tiers:
         cap = min(self.max_k, period or self.max_k)
         out = []
         for form in FORMS:
-            k = min(form.k if form.unroll else rolled_k(form.k, step_s), pow2_floor(cap))
+            k = min(form.k if form.unroll else rolled_k(form.k, step_s, period), pow2_floor(cap))
             if k >= 2 and Form(k, form.unroll) not in out:
                 out.append(Form(k, form.unroll))
         return out
