@@ -41,9 +41,9 @@ class CompiledStep:
         self.metric_names = metric_names    # the packed metrics vector's entries, in order
         # Flat lists of ShapeDtypeStructs: the carried arrays (leaves.py) of state and batch.
         self.state_struct, self.batch_struct = state_struct, batch_struct
-        # (shape, dtype) per batch leaf: what every batch of a K-step or group call must match
-        # (``multistep.fits``), made once here rather than once a call.
-        self.batch_signature = [(tuple(s.shape), s.dtype) for s in batch_struct]
+        # (shape, dtype) per batch leaf, made once: what every batch of a K-step or group call
+        # must match (``multistep.fits``), and what tells a batch of other shapes (``shapes.py``).
+        self.batch_signature = tuple((tuple(s.shape), np.dtype(s.dtype)) for s in batch_struct)
         # The layouts of the job that traced this program. A job that shares it (same computed
         # program) may have another layout (other static objects): it keeps its own, on its
         # record; these serve tools that hold only the program (compile_step, the dry run).

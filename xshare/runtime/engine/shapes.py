@@ -39,11 +39,6 @@ def _dtype(x: Any) -> np.dtype:
     return np.dtype(dtype) if dtype is not None else np.asarray(x).dtype
 
 
-def compiled_signature(program: Any) -> tuple:
-    """The (shape, dtype) of each batch leaf ``program`` was compiled for."""
-    return tuple((tuple(s.shape), np.dtype(s.dtype)) for s in program.batch_struct)
-
-
 class OtherShapes:
     """Each job's programs for batches of other shapes than its first, by signature.
 
@@ -66,7 +61,7 @@ class OtherShapes:
         program = job.program
         if program is None or type(batch) not in (list, tuple) or len(batch) != len(program.batch_struct):
             return False
-        return signature(batch) != compiled_signature(program)
+        return signature(batch) != program.batch_signature
 
     def program(self, job: Any, batch: Any, step: int) -> Any:
         """The program for batch ``step`` of ``job`` (its flat leaves ``batch``), None while it
