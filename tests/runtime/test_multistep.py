@@ -202,16 +202,17 @@ def test_steps_per_call_rtol_refuses_a_bad_value(bad):
 
 
 def test_k_never_passes_a_checkpoint(tmp_path):
-    """Checkpoints every 6 steps: the K-step form is K=4 (the largest power of two <= 6), and
-    calls stop at each checkpoint (a checkpoint inside a call could not be written: the call
-    donates the state it starts from)."""
+    """Checkpoints every 6 steps: the K-step form is the rolled K=8 (the power of two that
+    covers 6), and its calls run 6 steps each, stopping at each checkpoint (a checkpoint inside
+    a call could not be written: the call donates the state it starts from)."""
     def make():
         return linreg_step.bind(linreg_state(seed=2), linreg_data(seed=2), steps=48, name="c")
 
-    handle = run_until_k_steps(4, make, memory="256MiB", steps_per_call=16, checkpoint_dir=tmp_path,
+    handle = run_until_k_steps(6, make, memory="256MiB", steps_per_call=16, checkpoint_dir=tmp_path,
                         checkpoint_every=6)
     tier = handle._rec.tier
-    assert set(tier.steps_at) <= {1, 4} and tier.steps_at.get(4, 0) > 0, tier.steps_at
+    assert tier.multi.form == Form(8, False), tier.note
+    assert set(tier.steps_at) <= {1, 6} and tier.steps_at.get(6, 0) > 0, tier.steps_at
     assert_trees_equal(handle.result()[0], plain_loop(make())[0])
 
 
@@ -234,16 +235,18 @@ def test_the_forms_tried_fit_the_jobs_boundaries():
 
     tiers = Tiers(device=None, submit=lambda fn: None, max_k=32, compile_estimate=lambda: None)
     assert tiers.forms(None) == list(FORMS)
-    assert tiers.forms(6) == [Form(4, False), Form(4, True)]
+    # (a rolled form runs any n <= K a call: K=8 covers a period of 6; an unrolled one runs K)
+    assert tiers.forms(6) == [Form(8, False), Form(4, True)]
     assert tiers.forms(1) == []
     assert Tiers(device=None, submit=lambda fn: None, max_k=2, compile_estimate=lambda: None).forms(None) \
         == [Form(2, False), Form(2, True)]
     # A short step's rolled form runs 32 steps a call (``rolled_k``), within the same bounds
     assert tiers.forms(None, 100e-6) == [Form(32, False), Form(8, True)]
     assert tiers.forms(None, 1e-3) == list(FORMS)
-    assert tiers.forms(20, 100e-6) == [Form(16, False), Form(8, True)]
-    assert tiers.forms(100, 100e-6) == [Form(32, False), Form(8, True)]  # (4 steps one per call, as at 16)
-    assert tiers.forms(50, 100e-6) == list(FORMS)                         # (18 against 2: stays 16)
+    # ... and any n <= K a call: K=32 covers a period of 20 in one call, of 50 in two (32 + 18)
+    assert tiers.forms(20, 100e-6) == [Form(32, False), Form(8, True)]
+    assert tiers.forms(50, 100e-6) == [Form(32, False), Form(8, True)]
+    assert tiers.forms(12) == [Form(16, False), Form(8, True)]  # (unrolled: exactly K, so <= 12)
 
 
 def test_a_short_step_runs_32_steps_a_call_and_ends_as_the_plain_loop(monkeypatch):
@@ -286,6 +289,38 @@ def test_a_form_kept_on_this_machine_is_taken_before_one_the_step_time_asks_for(
     slow = Candidate(key="slow16", compile=lambda f: None, steps_done=100, step_s=16e-6, steps_left=100_000,
                      gap_s=None, period=None)
     assert tiers._ordered(slow, 16e-6) == [Form(32, False), Form(8, True)]
+
+
+def test_a_kept_form_starts_loading_as_soon_as_its_program_is_keyed(monkeypatch):
+    """``Tiers.prefetch`` (called by the compile pool once a job's program is keyed, before that
+    program loads): the form this machine kept for the program is submitted to load at once;
+    nothing for a program with no kept form, nor for one already loading."""
+    from concurrent.futures import Future
+
+    from xshare.runtime.engine.tiers import Tiers
+
+    monkeypatch.setattr(multistep, "VERDICTS", multistep.Verdicts())
+    k32 = Form(32, False)
+    multistep.VERDICTS.put("kept", multistep.Verdict(k32, True, 60e-6, 20e-6))
+    multistep.VERDICTS.put("slower", multistep.Verdict(k32, True, 60e-6, 90e-6, checks=9))
+    submitted: list = []
+
+    def submit(fn):
+        submitted.append(fn)
+        return Future()
+
+    tiers = Tiers(device=None, submit=submit, max_k=32, compile_estimate=lambda: 0.1)
+    loads: list = []
+    tiers.prefetch("kept", loads.append, lambda form: False)
+    assert len(submitted) == 1
+    submitted[0]()
+    assert loads == [k32]
+    for key, begun in (("kept", True), ("slower", False), ("unknown", False)):
+        tiers.prefetch(key, loads.append, lambda form, b=begun: b)
+    assert len(submitted) == 1
+    off = Tiers(device=None, submit=submit, max_k=1, compile_estimate=lambda: 0.1)  # steps_per_call=1
+    off.prefetch("kept", loads.append, lambda form: False)
+    assert len(submitted) == 1
 
 
 def test_a_unit_not_timed_yet_takes_its_forms_from_its_programs_checked_step_time(monkeypatch):
@@ -341,6 +376,62 @@ def test_a_fused_group_runs_k_steps_per_call_and_matches_the_vmapped_loop():
         assert h.progress().steps_done == 96  # (each member's rows counted at once: no reader of each)
 
 
+def test_a_rolled_call_runs_the_steps_left_in_one_call_and_ends_as_the_plain_loop():
+    """69 steps at K=16 rolled: four calls of 16, then the last 5 in one call of the same
+    program (its loop's trip count is an operand), not five one-step calls. Every step's
+    metrics row and the final state as the plain loop's."""
+    def make(observer=None):
+        return linreg_step.bind(linreg_state(dim=6, seed=11), linreg_data(dim=6, seed=11), steps=69,
+                                name="tail", observer=observer)
+
+    run_until_k_steps(16, make, memory="256MiB", steps_per_call=16)  # (checked and built here)
+    seen = []
+    with xshare.Runtime(memory="256MiB", steps_per_call=16) as rt:
+        handle = rt.submit(make(lambda step, metrics, t: seen.append((step, np.asarray(metrics["loss"])))))
+        rt.wait()
+    assert handle._rec.tier.multi.form == Form(16, False)
+    assert handle._rec.tier.steps_at == {16: 64, 5: 5}, handle._rec.tier.steps_at
+    assert_trees_equal(handle.result()[0], plain_loop(make())[0])
+    want = _plain_losses(make(), 69)
+    assert [step for step, _ in seen] == list(range(69))
+    for (_, got), w in zip(seen, want):
+        assert np.asarray(got, np.float32).tobytes() == w.tobytes()  # (rows reach observers as floats)
+
+
+def _plain_losses(spec, steps):
+    """Each step's loss of ``spec`` in a plain jitted loop (the reference for rows)."""
+    import jax
+
+    f = jax.jit(spec.fn)
+    state, out = spec.state, []
+    for k in range(steps):
+        state, metrics = f(state, spec.data(k))
+        out.append(np.asarray(metrics["loss"]))
+    return out
+
+
+def test_a_fused_groups_rolled_call_runs_its_members_last_steps_in_one_call():
+    """A fused group of 3 at K=8 rolled over 44 steps: five calls of 8, then the last 4 in one
+    call; every member bit-identical to the vmapped loop."""
+    from tests.users.harness import vmapped_loop
+
+    def make():
+        return [linreg_step.bind(linreg_state(seed=20 + i), linreg_data(seed=20 + i), steps=44, name=f"g{i}")
+                for i in range(3)]
+
+    for _ in range(3):
+        with xshare.Runtime(memory="256MiB", fuse="always", steps_per_call=8) as rt:
+            handles = rt.submit_many(make())
+            rt.wait()
+            rt._tier_pool.shutdown(wait=True)
+        if all(h._rec.tier is not None and h._rec.tier.steps_at.get(4) for h in handles):
+            break
+    for h in handles:
+        assert h._rec.tier.steps_at.get(4) == 4 and h._rec.tier.steps_at.get(8, 0) >= 8, h._rec.tier.steps_at
+    for h, w in zip(handles, vmapped_loop(make(), 4, 44)):
+        assert_trees_equal(h.result()[0], w)
+
+
 def test_under_srtf_the_k_step_form_fits_the_time_a_call_may_take(monkeypatch):
     """Under srtf a call runs only as many steps as fit its quantum (``preemptive_cap``, here
     pinned to 4: it depends on the measured step time); the tiers compile a form of that K,
@@ -384,7 +475,7 @@ def test_the_checks_timing_is_the_fastest_of_its_rounds_not_one_disturbed_call(m
         time.sleep(0.004)  # 1 ms per step, every round
         return [x + 1 for x in state]
 
-    multi = SimpleNamespace(k=4, executable=multi_exe)
+    multi = SimpleNamespace(k=4, executable=multi_exe, arg=lambda batch, n: batch)
     jax.block_until_ready(jnp.zeros(3) + 1)  # (the fake steps' add, compiled before the clock)
     multi_s, single_s = multicall._timed(multi, [jnp.zeros(3)], None, None, singles)
     assert calls == {"multi": multicall.TIMING_ROUNDS, "singles": multicall.TIMING_ROUNDS}
@@ -402,7 +493,8 @@ def test_a_round_longer_than_the_checks_timing_budget_is_its_only_one(monkeypatc
 
     monkeypatch.setattr(multicall, "TIMING_BUDGET_S", 0.0)  # the first round spends it
     calls = []
-    multi = SimpleNamespace(k=2, executable=lambda state, batch: (calls.append(1) or state, jnp.zeros((2, 1))))
+    multi = SimpleNamespace(k=2, executable=lambda state, batch: (calls.append(1) or state, jnp.zeros((2, 1))),
+                            arg=lambda batch, n: batch)
     multicall._timed(multi, [jnp.zeros(3)], None, None, None)
     assert len(calls) == 1
 

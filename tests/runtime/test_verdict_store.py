@@ -100,7 +100,7 @@ def test_puts_from_many_threads_all_land_in_memory_and_in_the_file(tmp_path):
 
 def test_a_verdicts_json_written_before_the_table_still_loads(tmp_path):
     # verbatim what multistep._write wrote (one row without "why", as the earliest files had)
-    (tmp_path / "verdicts.json").write_text(
+    (tmp_path / multistep.FILE).write_text(
         '[{"program": "p1", "k": 8, "unroll": false, "exact": true, "single_step_s": 0.0001, '
         '"multi_step_s": 5e-05, "why": ""}, {"program": "p1", "k": 4, "unroll": true, "exact": false, '
         '"single_step_s": 0.0001, "multi_step_s": 8e-05, "why": "state leaf 0 differs"}, '
@@ -118,6 +118,17 @@ def test_a_verdicts_json_written_before_the_table_still_loads(tmp_path):
     assert rows[-1] == {"program": "p3", "k": 16, "unroll": False, "exact": True, "single_step_s": 3e-5,
                         "multi_step_s": 1e-5, "why": "", "checks": 1, "deviation": 0.0}
     assert len(rows) == 4
+
+
+def test_the_verdicts_of_the_scan_forms_are_not_taken_for_the_rolled_loops(tmp_path):
+    # "verdicts.json" judged rolled forms that were a lax.scan; they are a loop over any n <= K
+    # now, another program, checked rather than assumed (multistep.FILE is another file).
+    (tmp_path / "verdicts.json").write_text(
+        '[{"program": "p1", "k": 8, "unroll": false, "exact": true, "single_step_s": 0.0001, '
+        '"multi_step_s": 5e-05, "why": ""}]')
+    v = Verdicts()
+    v.persist(str(tmp_path))
+    assert v.get("p1", Form(8, False)) is None
 
 
 def test_a_fusion_verdicts_json_written_before_the_table_still_loads(tmp_path):

@@ -100,16 +100,19 @@ def test_rolled_k_never_lowers_the_base():
     assert rolled_k(64, 1e-6) == 64
 
 
-@pytest.mark.parametrize("period, want", [
-    (None, 32),   # no boundary: 32
-    (100, 32),    # every 100 steps: 3 calls of 32 and 4 one per call, as 6 of 16 and 4
-    (64, 32),     # a multiple of 32: no step one per call either way
-    (50, 16),     # 18 steps a period one per call at K=32, 2 at K=16
-    (48, 16),     # 16 against none
-    (20, 16),     # shorter than 32 (the forms cap K below it anyway)
+@pytest.mark.parametrize("bounds, want", [
+    (Bounds(), 32),                      # nothing bounds it: all of K
+    (Bounds(left=24), 24),               # the last 24 steps: one call, none left one per call
+    (Bounds(left=100, to_eval=10), 10),  # stops right at the evaluation
+    (Bounds(to_report=1), 1),            # on_metrics acts on every step: one a call
+    (Bounds(ready=7), 7),                # 7 batches ready: never wait inside a call
+    (Bounds(cap=8, left=5), 5),          # the least of every bound
 ])
-def test_a_short_steps_rolled_k_leaves_no_more_steps_one_per_call_before_a_boundary(period, want):
-    assert rolled_k(16, 77e-6, period) == want
+def test_a_rolled_form_runs_any_number_of_steps_up_to_its_k(bounds, want):
+    # (A rolled loop's trip count is an operand: multistep.py.) Its K=32 program with an
+    # unrolled K=8 one beside it: an unrolled program runs exactly its K.
+    assert steps_per_call(bounds, (1, 32), upto=32) == want
+    assert steps_per_call(bounds, (1, 8), upto=1) == (8 if want >= 8 else 1)
 
 
 @pytest.mark.parametrize("n, want", [(0, 1), (1, 1), (2, 2), (3, 2), (31, 16), (32, 32), (33, 32)])

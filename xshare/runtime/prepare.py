@@ -18,10 +18,10 @@ from typing import Any
 from ..sched.capacity import open_capacity, opens_alone, split_capacity
 from .observe import checkpoint, released
 from .engine import evaluation
-from .compiled import fusion, lifting
+from .compiled import fusion, lifting, multistep
 from .causes import short_error
 from .compiled.compiler import PROGRAMS, Traced
-from .compiled.payoff import FUSION, unmeasured
+from .compiled.payoff import FUSION, group_key, unmeasured
 from .compiled.leaves import layout_of, promoted
 from .engine.groups import GROUP_COMPILING
 from .engine.records import JobRecord, Prepared
@@ -89,8 +89,13 @@ class Preparation:
                 # Fused: traced and keyed only (the group compiles its own vmapped program).
                 choice = None
                 program, promote = PROGRAMS.get_promoting(spec.job, spec.state, first, device=self.device,
-                                                          fenced=self.fenced, compile=not self.config.fuse,
-                                                          traced=traced)
+                                                          fenced=self.fenced, compile=False, traced=traced)
+                if not self.config.fuse:
+                    device = self.device
+                    self._dispatcher.tiers.prefetch(
+                        program.key, lambda form: multistep.compile_multi(program, form, device),
+                        lambda form: multistep.begun_multi(program, form))
+                    program.ensure()
             if promote:  # Python numbers the step changes are carried as arrays
                 spec = spec.replace(state=promoted(spec.state, promote))
             _, layout = layout_of(spec.state)
@@ -261,8 +266,12 @@ class Preparation:
             if not fuses:
                 prep.program.ensure()  # alone in its family: it runs its solo program
             else:
-                fusion.fused_program(prep.program, self.capacity(prep.fuse_hint),
-                                     self.device, fenced=fenced, **self.config.staging)
+                program, capacity, device = prep.program, self.capacity(prep.fuse_hint), self.device
+                self._dispatcher.tiers.prefetch(
+                    group_key(program.key, capacity),
+                    lambda form: multistep.compile_group_multi(program, capacity, form, device),
+                    lambda form: multistep.begun_group_multi(program, capacity, form))
+                fusion.fused_program(program, capacity, device, fenced=fenced, **self.config.staging)
         except Exception as err:  # noqa: BLE001
             self._dispatcher.post(self._dispatcher.fail_now, job,
                                   f"could not compile its step: {short_error(err)}", err)

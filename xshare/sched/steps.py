@@ -65,12 +65,14 @@ class Bounds:
         return max(1, min(bounds)) if bounds else MAX_STEPS_PER_CALL
 
 
-def steps_per_call(bounds: Bounds, available: tuple[int, ...]) -> int:
+def steps_per_call(bounds: Bounds, available: tuple[int, ...], upto: int = 1) -> int:
     """The largest K among ``available`` (the unit's programs: 1 and its multi-step K) that
-    does not pass any of ``bounds``; 1 when none does."""
+    does not pass any of ``bounds``; 1 when none does. ``upto``: a rolled K-step program runs
+    any number of steps up to its K in one call, so any count up to it is available too (a call
+    stops right at the bound rather than leaving the steps before it one per call)."""
     limit = bounds.limit()
     fits = [k for k in available if 1 <= k <= limit]
-    return max(fits) if fits else 1
+    return max(max(fits) if fits else 1, min(limit, upto))
 
 
 def until(step: int, every: int | None) -> int | None:
@@ -94,7 +96,7 @@ def preemptive_cap(step_s: float | None, quantum_s: float = QUANTUM_S) -> int:
     return 1 if k < 2 else min(pow2_floor(k), MAX_STEPS_PER_CALL)
 
 
-def rolled_k(base: int, step_s: float | None, period: int | None = None) -> int:
+def rolled_k(base: int, step_s: float | None) -> int:
     """A rolled K-step form's K: ``base``, or ``MAX_STEPS_PER_CALL`` for a step so short that
     that many of them (at its one-step time ``step_s``; None: unknown) take at most
     ``QUANTUM_S``. A call's host work (the dispatcher's turn, the call, reading its metrics: ~0.2
@@ -102,18 +104,12 @@ def rolled_k(base: int, step_s: float | None, period: int | None = None) -> int:
     77 us a group step at K=16, it was ~15% of each call's time, half that at 32. The bound keeps
     a call as short as a preemptive policy's quantum, so a pause, a cancel or a new arrival
     under fifo and pack waits no longer than under srtf; a longer step gains little from more
-    steps per call anyway (its call's host work is a smaller share of it).
-
-    ``period``: the unit's boundaries come every that many steps (an evaluation, a report a
-    study reads). A call never runs past one, so the steps between the last full call and the
-    boundary run one per call: K stays ``base`` where the larger K would leave more of them
-    (every 50 steps: 18 at K=32 against 2 at K=16)."""
+    steps per call anyway (its call's host work is a smaller share of it). A rolled call runs
+    any number of steps up to K (``steps_per_call``'s ``upto``), so a larger K leaves no steps
+    before a boundary to run one per call."""
     if step_s is None or step_s <= 0 or MAX_STEPS_PER_CALL * step_s > QUANTUM_S:
         return base
-    k = max(base, MAX_STEPS_PER_CALL)
-    if period is not None and period % k > period % base:
-        return base
-    return k
+    return max(base, MAX_STEPS_PER_CALL)
 
 
 def promotion_pays(steps_left: int | None, step_s_now: float, step_s_next: float,

@@ -1,6 +1,6 @@
 """A process-wide table of verdicts, kept beside the persistent compilation cache as JSON.
 
-The K-step verdicts (``multistep.Verdicts``, ``verdicts.json``) and the fusion verdicts
+The K-step verdicts (``multistep.Verdicts``, ``verdicts-2.json``) and the fusion verdicts
 (``payoff.FusionVerdicts``, ``fusion-verdicts.json``) are the same thing: a thread-safe table
 keyed by tuples, read once from a directory (``persist``) and merged into the file on each
 ``put``. The file is a JSON list of rows (objects); what a row holds is its user's business

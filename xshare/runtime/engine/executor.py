@@ -122,7 +122,7 @@ class Executor:
             if tier.pending is not None and tier.pending.done() and self.multi.promote(job, li, pos):
                 return  # the check ran this turn's steps (tiers.py)
             if tier.multi is not None:
-                k = self.multi.steps_this_call(job, tier.available())
+                k = self.multi.steps_this_call(job, tier.available(), tier.upto())
                 if k > 1:
                     self.multi.dispatch(job, li, pos, k)
                     return
@@ -378,7 +378,7 @@ class Executor:
                 if self.ring is None:
                     self.timeline.host_step(job, t, t_end)
             else:
-                self.retired_many(job, step, values, t, t_end)
+                self.retired_many(job, step, values[:k], t, t_end)  # (a rolled call's rows past k: padding)
         if job.in_flight == 0:
             self.life.settle(job)
         if (job.tier is None or not job.tier.considered) and self.tiers.enabled \
@@ -392,7 +392,7 @@ class Executor:
         except Exception as err:  # noqa: BLE001
             self._fail_group_call(group, steps, vec, k, t, t_end, err)
             return
-        self._retire_group_rows(group, steps, values if k > 1 else values[None], t, t_end or time.monotonic_ns())
+        self._retire_group_rows(group, steps, values[:k] if k > 1 else values[None], t, t_end or time.monotonic_ns())
         for job, _ in steps.values():
             job.in_flight -= 1
             if job.in_flight == 0:

@@ -106,13 +106,13 @@ class MultiCalls:
         return max(ksteps.preemptive_cap(step_s, ksteps.QUANTUM_S / (1 + self.config.dispatch_ahead)),
                    self.config.quantum)
 
-    def steps_this_call(self, job: JobRecord, available: tuple[int, ...]) -> int:
+    def steps_this_call(self, job: JobRecord, available: tuple[int, ...], upto: int = 1) -> int:
         bounds = self.bounds(job)
-        want = ksteps.steps_per_call(bounds, available)
+        want = ksteps.steps_per_call(bounds, available, upto)
         if want > 1:
             ready = self.ready_batches(job, want)
             if ready < want:
-                want = ksteps.steps_per_call(dataclasses.replace(bounds, ready=ready), available)
+                want = ksteps.steps_per_call(dataclasses.replace(bounds, ready=ready), available, upto)
         return want
 
     def ready_batches(self, job: JobRecord, want: int) -> int:
@@ -138,10 +138,10 @@ class MultiCalls:
         if self._fed(job):
             self.feeder.request(job, k)
         step = job.spec.start_step + job.dispatched
-        stacked = multistep.stack(batches)
+        stacked = multistep.stack(batches, multi.k)
         t = time.monotonic_ns()
         try:
-            outs = call(multi.executable, job.arrays, stacked, job.ident)
+            outs = call(multi.executable, job.arrays, multi.arg(stacked, k), job.ident)
         except Exception as err:  # noqa: BLE001 - as for one step: its job fails alone
             self.life.fail(job, dispatch_error(job, step, batches[0], err), err)
             self.life.settle(job)
@@ -343,7 +343,7 @@ def compare(multi: MultiStep, copies: list, stacked: Any, scratch: Any, arrays: 
     27 against 96, and that "slower" stood for every later run of the program on the machine."""
     try:
         t0 = time.perf_counter()
-        state, rows = call(multi.executable, copies[0], stacked, scratch)
+        state, rows = call(multi.executable, copies[0], multi.arg(stacked, multi.k), scratch)
         jax.block_until_ready(state)
         multi_s, single_s = (time.perf_counter() - t0) / multi.k, 0.0
         why, deviation = multistep.compare(list(arrays), list(state), values, np.asarray(rows))
@@ -373,7 +373,7 @@ def _timed(multi: MultiStep, state: list, stacked: Any, scratch: Any,
     start = time.perf_counter()
     for _ in range(TIMING_ROUNDS):
         t0 = time.perf_counter()
-        state = call(multi.executable, state, stacked, scratch)[0]
+        state = call(multi.executable, state, multi.arg(stacked, multi.k), scratch)[0]
         jax.block_until_ready(state)
         best_multi = min(best_multi, (time.perf_counter() - t0) / multi.k)
         if singles is not None:

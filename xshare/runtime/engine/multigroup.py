@@ -228,16 +228,16 @@ class GroupCalls:
         if tier.capacity != group.capacity:  # grown or shrunk: another program
             group.tier = None
             return False
-        if tier.pending is not None and tier.pending.done():
-            return self.promote(group, li, pos)
+        if tier.pending is not None and tier.pending.done() and self.promote(group, li, pos):
+            return True  # (the check ran this turn's steps; a form adopted without one runs now)
         if tier.multi is not None:
-            k = self.steps_this_call(group, tier.available())
+            k = self.steps_this_call(group, tier.available(), tier.upto())
             if k > 1:
                 self.dispatch(group, li, pos, k)
                 return True
         return False
 
-    def steps_this_call(self, group: Group, available: tuple[int, ...]) -> int:
+    def steps_this_call(self, group: Group, available: tuple[int, ...], upto: int = 1) -> int:
         members = group.stepping()
         if not members:
             return 1
@@ -245,21 +245,22 @@ class GroupCalls:
         if self.config.preemptive:
             step_s = group.step_time_s if group.step_time_s is not None else group.tier.step_s
             cap = max(ksteps.preemptive_cap(step_s, ksteps.QUANTUM_S / (1 + self.config.dispatch_ahead)), self.config.quantum)
-        k = max(available)
+        k = max(max(available), upto)
         for _, job in members:
-            k = min(k, ksteps.steps_per_call(self.multi.bounds_under(job, cap), available))
+            k = min(k, ksteps.steps_per_call(self.multi.bounds_under(job, cap), available, upto))
             if k == 1:
                 return 1
         for _, job in members:
             ready = self.multi.ready_batches(job, k)
             if ready < k:
-                k = ksteps.steps_per_call(ksteps.Bounds(ready=ready), available)
+                k = ksteps.steps_per_call(ksteps.Bounds(ready=ready), available, upto)
                 if k == 1:
                     return 1
         return k
 
-    def take_batches(self, group: Group, k: int) -> tuple[dict, list, np.ndarray]:
-        """Every stepping member's next ``k`` batches, stacked (k, capacity, ...) per leaf, with
+    def take_batches(self, group: Group, k: int, rows: int | None = None) -> tuple[dict, list, np.ndarray]:
+        """Every stepping member's next ``k`` batches, stacked (k, capacity, ...) per leaf (padded
+        with zero steps to ``rows``: a rolled program's K, for a call of fewer steps), with
         the slot mask. Called right after ``steps_this_call`` answered at least ``k`` in the same
         turn: that counted, for each member, the batches that fit the group's program
         (``ready_batches``; a batch of other shapes stops the count, so the call stops before
@@ -277,19 +278,23 @@ class GroupCalls:
         # slot's rows are zeros): one copy of each, ~20% less of the dispatcher's time than a
         # row assigned at a time (44 against 54 us a call, K=16 x 4 slots of the hook's batch).
         batches = [taken[slot][2] if slot in taken else None for slot in range(capacity)]
+        steps = max(k, rows or k)
         stacked = []
         for leaf, zero in enumerate(group.zero_batch):
-            rows = [zero if b is None else b[i][leaf] for i in range(k) for b in batches]
-            stacked.append(np.array(rows).reshape((k, capacity) + zero.shape))
+            items = [zero if b is None else b[i][leaf] for i in range(k) for b in batches]
+            if steps > k:
+                items += [zero] * ((steps - k) * capacity)
+            stacked.append(np.array(items).reshape((steps, capacity) + zero.shape))
         return taken, stacked, mask
 
     def dispatch(self, group: Group, li: int, pos: int, k: int) -> None:
         """K steps of ``group`` in one call of its K-step program."""
-        taken, stacked, mask = self.take_batches(group, k)
+        multi = group.tier.multi
+        taken, stacked, mask = self.take_batches(group, k, multi.k)
         group.now = None
         t = time.monotonic_ns()
         try:
-            outs = call(group.tier.multi.executable, group.arrays, (stacked, mask), group.ident)
+            outs = call(multi.executable, group.arrays, multi.arg((stacked, mask), k), group.ident)
         except Exception as err:  # noqa: BLE001 - as a fused step's error: its stack is gone
             for job in group.members:
                 self.life.fail(job, f"fused steps of {group.name} raised: {short_error(err)}", err)
