@@ -110,6 +110,11 @@ class BatchSource:
                 self._states.popitem(last=False)
         return batch
 
+    def seekable(self) -> bool:
+        """Whether its next batch is ``data(next_step)`` (a ``step -> batch`` callable, none
+        peeked and kept): ``produce`` may then call it for several steps in one loop."""
+        return self._callable and not self._peeked
+
     def next(self) -> Any:
         item = self._peeked.pop(0) if self._peeked else self._produce()
         if item is not END:
@@ -138,6 +143,11 @@ def produce(job: Any, device: Any, *, blocking: bool = True, n: int = 1) -> bool
     if not job.feed_lock.acquire(False) and not (blocking and job.feed_lock.acquire()):
         return False
     try:
+        source = job.source
+        if n > 1 and source is not None and not job.data_done and source.seekable() and _stacked(job) \
+                and job.batch_layout.plain:
+            _produce_stacked(job, source, n)
+            return True
         clock, append = time.perf_counter, job.batches.append
         t0 = clock()
         for _ in range(n):
@@ -157,6 +167,48 @@ def produce(job: Any, device: Any, *, blocking: bool = True, n: int = 1) -> bool
         return True
     finally:
         job.feed_lock.release()
+
+
+def _stacked(job: Any) -> bool:
+    """Whether ``job``'s batches are stacked into group or K-step calls (``_next``: then they
+    come as tuples of leaves, copied when stacked)."""
+    return job.group is not None or (job.tier is not None and job.tier.multi is not None)
+
+
+def _produce_stacked(job: Any, source: BatchSource, n: int) -> None:
+    """``produce``'s ``n`` batches for a K-step or group call, from a ``step -> batch`` source
+    whose batches are plain pytrees: what ``_next`` makes of each (a tuple of leaves, a
+    ``DataError``, ``END`` at the source's stop) in one loop, with none of its per-batch calls
+    and lookups (1.5 -> ~0.9 us a batch of the hook's two leaves, ``timeit``; 24,000 of them
+    in its fused 8 x 3000). The caller holds the job's feed lock."""
+    data, treedef, flatten = source._data, job.batch_layout.treedef, tree_flatten
+    append, clock = job.batches.append, time.perf_counter
+    first = source.next_step
+    last = first + n if source.stop is None else min(first + n, source.stop)
+    data_s = job.data_s
+    t0 = clock()
+    step = first
+    try:
+        for step in range(first, last):
+            leaves, got = flatten(data(step))
+            if got != treedef:
+                raise BatchMismatch(f"batch {step} does not match the compiled step: its "
+                                    f"structure is {got}, expected {treedef}")
+            append(tuple(leaves))
+            t1 = clock()
+            # (produce's slowly rising minimum of a batch's time)
+            data_s = t1 - t0 if data_s is None else min(t1 - t0, data_s * 1.02)
+            t0 = t1
+        else:
+            step = last
+    except BaseException as err:  # noqa: BLE001 - any failure of user data fails the job
+        append(DataError(step, err))
+        job.source = None
+    source.next_step = step
+    job.data_s = data_s
+    if job.source is not None and source.stop is not None and step >= source.stop and first + n > step:
+        append(END)  # (the step count was reached within the batches asked for)
+        job.source = None
 
 
 def _next(job: Any, source: BatchSource, device: Any) -> Any:
