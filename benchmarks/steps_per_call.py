@@ -68,13 +68,13 @@ def measure(name: str, make, ks: list[int], steps: int, repeats: int) -> list[di
             a = [jax.numpy.array(x, copy=True) for x in state0]
             for b in flat[:k]:
                 a, _ = program.executable(a, b)
-            b_state, _ = multi.executable([jax.numpy.array(x, copy=True) for x in state0], stacked[0])
+            b_state, _ = multi.executable([jax.numpy.array(x, copy=True) for x in state0], multi.arg(stacked[0], k))
             exact = first_difference(list(a), list(b_state), "state") is None
 
             def run(multi=multi, stacked=stacked, k=k):
                 s = [jax.numpy.array(x, copy=True) for x in state0]
                 for i in range(steps // k):
-                    s, _ = multi.executable(s, stacked[i % len(stacked)])
+                    s, _ = multi.executable(s, multi.arg(stacked[i % len(stacked)], k))
                 jax.block_until_ready(s)
 
             run()

@@ -139,3 +139,20 @@ def test_the_srtf_oracle_schedules_shortest_remaining_first(jobs, want_avg):
     from benchmarks.jct_trace import simulate_srtf
 
     assert simulate_srtf(jobs)["avg_jct_s"] == pytest.approx(want_avg)
+
+
+@pytest.mark.slow
+def test_steps_per_call_measures_each_form_against_the_plain_loop() -> None:
+    """`steps_per_call` (it prints its table, no harness files): each K's rolled and unrolled
+    forms are called as the runtime calls them (``MultiStep.arg``) and, for the small MLP,
+    found bit-identical to K single steps."""
+    env = dict(os.environ, JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.steps_per_call", "--ks", "1,4", "--steps", "16",
+                           "--repeats", "1", "--models", "mlp w32"], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rows = [line.split("|")[1:-1] for line in proc.stdout.splitlines() if line.startswith("| mlp w32")]
+    forms = [(r[1].strip(), r[2].strip(), r[4].strip()) for r in rows]
+    assert forms == [("1", "plain jit loop", "yes"), ("1", "rolled", "yes"), ("4", "rolled", "yes"),
+                     ("4", "unrolled", "yes")], proc.stdout
