@@ -320,7 +320,13 @@ def test_a_kept_form_starts_loading_as_soon_as_its_program_is_keyed(monkeypatch)
     assert len(submitted) == 1
     off = Tiers(device=None, submit=submit, max_k=1, compile_estimate=lambda: 0.1)  # steps_per_call=1
     off.prefetch("kept", loads.append, lambda form: False)
+    # Under srtf and priority a unit's K is capped by its measured step time: not guessed ahead.
+    preemptive = Tiers(device=None, submit=submit, max_k=32, compile_estimate=lambda: 0.1, prefetch=False)
+    preemptive.prefetch("kept", loads.append, lambda form: False)
     assert len(submitted) == 1
+    for policy, prefetches in (("srtf", False), ("priority", False), ("fifo", True), ("pack", True)):
+        with xshare.Runtime(memory="64MiB", policy=policy) as rt:
+            assert rt._dispatcher.tiers._prefetch is prefetches, policy
 
 
 def test_a_unit_not_timed_yet_takes_its_forms_from_its_programs_checked_step_time(monkeypatch):
@@ -353,6 +359,20 @@ def test_first_difference_names_the_leaf():
     assert multistep.first_difference(a, b, "state") == "state leaf 1 differs (max |difference| 0.5)"
 
 
+def _fused_until(make, ran, runs=3):
+    """Run ``make()``'s jobs fused at ``steps_per_call=8`` in fresh Runtimes until every member's
+    steps per call (``JobTier.steps_at``) satisfy ``ran`` (the first run compiles the group's
+    K-step form in the background; a later one adopts it). At most ``runs``; the last handles."""
+    for _ in range(runs):
+        with xshare.Runtime(memory="256MiB", fuse="always", steps_per_call=8) as rt:
+            handles = rt.submit_many(make())
+            rt.wait()
+            rt._tier_pool.shutdown(wait=True)
+        if all(h._rec.tier is not None and ran(h._rec.tier.steps_at) for h in handles):
+            break
+    return handles
+
+
 def test_a_fused_group_runs_k_steps_per_call_and_matches_the_vmapped_loop():
     """A fused group moves to its K-step program too: every member ends bit-identical to the
     same vmapped step in a plain loop (the fused contract), with most member steps at K."""
@@ -362,13 +382,7 @@ def test_a_fused_group_runs_k_steps_per_call_and_matches_the_vmapped_loop():
         return [linreg_step.bind(linreg_state(seed=i), linreg_data(seed=i), steps=96, name=f"f{i}")
                 for i in range(3)]
 
-    for _ in range(3):
-        with xshare.Runtime(memory="256MiB", fuse="always", steps_per_call=8) as rt:
-            handles = rt.submit_many(make())
-            rt.wait()
-            rt._tier_pool.shutdown(wait=True)
-        if all(h._rec.tier is not None and h._rec.tier.steps_at.get(8, 0) >= 48 for h in handles):
-            break
+    handles = _fused_until(make, lambda at: at.get(8, 0) >= 48)
     assert all(h._rec.tier.steps_at.get(8, 0) >= 48 for h in handles), [h._rec.tier for h in handles]
     want = vmapped_loop(make(), 4, 96)
     for h, w in zip(handles, want):
@@ -419,13 +433,7 @@ def test_a_fused_groups_rolled_call_runs_its_members_last_steps_in_one_call():
         return [linreg_step.bind(linreg_state(seed=20 + i), linreg_data(seed=20 + i), steps=44, name=f"g{i}")
                 for i in range(3)]
 
-    for _ in range(3):
-        with xshare.Runtime(memory="256MiB", fuse="always", steps_per_call=8) as rt:
-            handles = rt.submit_many(make())
-            rt.wait()
-            rt._tier_pool.shutdown(wait=True)
-        if all(h._rec.tier is not None and h._rec.tier.steps_at.get(4) for h in handles):
-            break
+    handles = _fused_until(make, lambda at: at.get(4))
     for h in handles:
         assert h._rec.tier.steps_at.get(4) == 4 and h._rec.tier.steps_at.get(8, 0) >= 8, h._rec.tier.steps_at
     for h, w in zip(handles, vmapped_loop(make(), 4, 44)):

@@ -121,7 +121,7 @@ class Dispatcher:
         # K-step programs promoted in the background (tiers.py, multicall.py).
         self.tiers = Tiers(device=device, submit=submit, max_k=config.steps_per_call,
                            forced=config.steps_forced, compile_estimate=compile_estimate,
-                           rtol=config.steps_rtol)
+                           rtol=config.steps_rtol, prefetch=not config.preemptive)
         self.life = Lifecycle(units, recorder, t0=t0, clock=clock,
                               checkpoint_dir=config.checkpoint_dir, read_state=read_state,
                               keep_results=config.keep_results,

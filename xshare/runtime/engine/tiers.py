@@ -88,7 +88,7 @@ class Tiers:
 
     def __init__(self, *, device: Any, submit: Callable[[Callable[[], Any]], Future] | None,
                  max_k: int, forced: bool = False, compile_estimate: Callable[[], float | None],
-                 rtol: float | None = None):
+                 rtol: float | None = None, prefetch: bool = True):
         self.device = device
         self._submit = submit
         self.max_k = max_k                           # steps per call at most (1: tiers off)
@@ -99,6 +99,11 @@ class Tiers:
         # K single steps is kept too (None, the default: bit for bit only).
         self.rtol = rtol
         self.enabled = max_k > 1 and submit is not None
+        # Whether ``prefetch`` loads a unit's kept form before its first turn: not under a
+        # preemptive policy, whose quantum caps a unit's K by its measured step time (a form
+        # kept under fifo, K=32, is not one an srtf job may run: its load only held the one
+        # tiers thread the forms the jobs do run wait on).
+        self._prefetch = prefetch
         self._rechecked: set[tuple[str, Form]] = set()   # forms this runtime checked again
         self._compile_estimate = compile_estimate   # mean seconds of this process's compiles
 
@@ -229,7 +234,7 @@ class Tiers:
         to repay, no check), so the unit runs one step per call only until it lands. Loaded
         after the unit's first program, as before, it landed ~45 ms into the hook's fused
         8 x 3000 run (two groups of 4), which ran its group steps one per call until then."""
-        if not self.enabled or self._submit is None:
+        if not self.enabled or not self._prefetch or self._submit is None:
             return
         kept = self._kept(key, self._ordered_known(key))
         if kept and not begun(kept[0]):
