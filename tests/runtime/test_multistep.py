@@ -282,13 +282,13 @@ def test_a_form_kept_on_this_machine_is_taken_before_one_the_step_time_asks_for(
     tiers = Tiers(device=None, submit=lambda fn: Future(), max_k=32, compile_estimate=lambda: 0.1)
     c = Candidate(key="kept16", compile=lambda f: None, steps_done=100, step_s=16e-6, steps_left=100_000,
                   gap_s=None, period=None)
-    assert tiers._ordered(c, 16e-6) == [k16, Form(32, False), Form(8, True)]
+    assert tiers._ordered(c.key, c.period, 16e-6) == [k16, Form(32, False), Form(8, True)]
     tier = JobTier()
     tiers.consider(tier, c)
     assert tier.form == k16 and tier.pending is not None  # (its program loaded on the pool, not compiled)
     slow = Candidate(key="slow16", compile=lambda f: None, steps_done=100, step_s=16e-6, steps_left=100_000,
                      gap_s=None, period=None)
-    assert tiers._ordered(slow, 16e-6) == [Form(32, False), Form(8, True)]
+    assert tiers._ordered(slow.key, slow.period, 16e-6) == [Form(32, False), Form(8, True)]
 
 
 def test_a_kept_form_starts_loading_as_soon_as_its_program_is_keyed(monkeypatch):

@@ -192,8 +192,7 @@ def _produce_stacked(job: Any, source: BatchSource, n: int) -> None:
         for step in range(first, last):
             leaves, got = flatten(data(step))
             if got != treedef:
-                raise BatchMismatch(f"batch {step} does not match the compiled step: its "
-                                    f"structure is {got}, expected {treedef}")
+                raise _mismatch(step, f"its structure is {got}, expected {treedef}")
             append(tuple(leaves))
             t1 = clock()
             # (produce's slowly rising minimum of a batch's time)
@@ -211,6 +210,10 @@ def _produce_stacked(job: Any, source: BatchSource, n: int) -> None:
         job.source = None
 
 
+def _mismatch(step: int, why: str) -> BatchMismatch:
+    return BatchMismatch(f"batch {step} does not match the compiled step: {why}")
+
+
 def _next(job: Any, source: BatchSource, device: Any) -> Any:
     """``source``'s next batch as ``produce`` queues it (a DataError if the user's data raised,
     or does not match the compiled step)."""
@@ -223,13 +226,12 @@ def _next(job: Any, source: BatchSource, device: Any) -> Any:
         if layout.plain:  # the common case: a flatten and a structure check
             leaves, treedef = tree_flatten(batch)
             if treedef != layout.treedef:
-                raise BatchMismatch(f"batch {step} does not match the compiled step: its "
-                                    f"structure is {treedef}, expected {layout.treedef}")
+                raise _mismatch(step, f"its structure is {treedef}, expected {layout.treedef}")
         else:  # PRNG keys or static leaves in the batch
             leaves, got = layout_of(batch)
             why = layout.difference(got, what="batch")
             if why is not None:
-                raise BatchMismatch(f"batch {step} does not match the compiled step: {why}")
+                raise _mismatch(step, why)
         # A group member's leaves are copied when its group call stacks them, and so are a
         # job's on its K-step form: a copy here would be a second one per leaf per step (~3 us
         # of the dispatcher's ~20 a step, zoo MLP at K=16). They come as a tuple, "not the

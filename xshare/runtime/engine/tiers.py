@@ -128,7 +128,7 @@ class Tiers:
         # (before its steps are timed, at a relaunch's first turn: the one-step time its
         # program's check kept, which chooses a rolled form's K as the unit's own would)
         step_s = c.step_s if c.step_s is not None else multistep.VERDICTS.step_s(c.key)
-        forms = self._ordered(c, step_s)
+        forms = self._ordered(c.key, c.period, step_s)
         while True:
             form = next((f for f in forms if f not in tier.tried), None)
             if form is None:
@@ -208,14 +208,14 @@ class Tiers:
                          f"over {over}, less than its compile (~{estimate:.2f} s, ~{round(estimate / now)} "
                          f"of those steps run while it compiles)")
 
-    def _ordered(self, c: "Candidate", step_s: float | None) -> list[Form]:
+    def _ordered(self, key: str, period: int | None, step_s: float | None) -> list[Form]:
         """The forms to try, in order: those this machine checked and kept for the unit's
         program first (adopted at once, a load and no check), then those its step time asks
         for. A program kept at K=16 before short steps ran 32 a call keeps its K=16 form: asked
         for K=32 first, a relaunch compiled it and ran every step of a job shorter than that
         compile one per call, beside a kept K=16 form 5x faster."""
-        wanted = self.forms(c.period, step_s)
-        kept = self._kept(c.key, wanted + self.forms(c.period))
+        wanted = self.forms(period, step_s)
+        kept = self._kept(key, wanted + self.forms(period))
         return kept + [f for f in wanted if f not in kept]
 
     def _kept(self, key: str, forms: list[Form]) -> list[Form]:
@@ -236,19 +236,14 @@ class Tiers:
         8 x 3000 run (two groups of 4), which ran its group steps one per call until then."""
         if not self.enabled or not self._prefetch or self._submit is None:
             return
-        kept = self._kept(key, self._ordered_known(key))
+        # (the forms ``consider`` asks of a unit with no boundary, before its steps are timed)
+        kept = self._kept(key, self._ordered(key, None, multistep.VERDICTS.step_s(key)))
         if kept and not begun(kept[0]):
             form = kept[0]
             try:
                 self._submit(lambda: compile(form))
             except RuntimeError:  # the runtime is closing
                 pass
-
-    def _ordered_known(self, key: str) -> list[Form]:
-        """The forms ``consider`` asks of a unit of ``key`` with no boundary, before its steps
-        are timed (``_ordered`` with the one-step time its checks kept)."""
-        step_s = multistep.VERDICTS.step_s(key)
-        return self.forms(None, step_s) + self.forms(None)
 
     def forms(self, period: int | None, step_s: float | None = None) -> list[Form]:
         """The forms to try, powers of two within this runtime's cap: a rolled form's K by the
