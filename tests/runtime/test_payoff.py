@@ -143,6 +143,35 @@ def test_the_two_sides_k_step_checks_timed_at_different_moments_are_not_compared
     assert judged.pays(4) and v.weigh("zoo", 4, 4, None, 0.0) is None
 
 
+def test_the_per_call_cost_a_verdict_is_judged_with_comes_from_solo_programs_alone(monkeypatch):
+    """The records a first run of the hook's 8 x 3000 sweep left (2026-12-01): the solo program's
+    K=32 check (89 us one step a call, 50 at K=32), its 4-way group's (459 and 193 us a group
+    step) and the fusion check (251 and 436 us, timed together). With the group's one-step saving
+    counted as the runtime's per-call cost (the median of the two: 275 us, more than a solo step),
+    the verdict judged at K=32 said a solo step costs 9 us and a fused member 19: fusing "lost",
+    and no later run fused (both K=32 forms timed together cost 41 us a step alone, 35 a member).
+    The per-call cost is the solo forms' (40 us here), never most of the step it is taken from."""
+    from xshare.runtime.compiled import multistep
+    from xshare.runtime.compiled.multistep import Form, Verdict
+    from xshare.runtime.compiled.payoff import at_k, group_key
+
+    k32 = Form(32, False)  # a short step's rolled form (sched.steps.rolled_k)
+    kverdicts = multistep.Verdicts()
+    monkeypatch.setattr(multistep, "VERDICTS", kverdicts)
+    monkeypatch.setattr(payoff, "_kstep_verdicts", kverdicts.of)
+    monkeypatch.setattr(payoff, "_call_s", kverdicts.typical_call_s)
+    kverdicts.put("net", Verdict(k32, True, 89.2e-6, 50.5e-6))
+    kverdicts.put(group_key("net", 4), Verdict(k32, True, 459.1e-6, 192.8e-6))
+    assert kverdicts.typical_call_s() == pytest.approx((89.2e-6 - 50.5e-6) / (1 - 1 / 32))
+    v = FusionVerdicts()
+    v.put("net", FusionVerdict(capacity=4, solo_step_s=251.5e-6, fused_step_s=435.9e-6))
+    judged = v.judged("net", 4)
+    assert judged.member_step_s(4) < judged.solo_step_s
+    assert v.weigh("net", 4, 4, None, 0.0) is None
+    # A per-call figure larger than the step it is subtracted from leaves a tenth of it to scale.
+    assert at_k(100e-6, 32, 0.5, 300e-6) == pytest.approx(10e-6 * 0.5 + 90e-6 / 32)
+
+
 def test_a_running_group_dissolves_only_past_the_margin():
     assert LOSES.loses(4) and not PAYS.loses(4)
     close = FusionVerdict(4, solo_step_s=100e-6, fused_step_s=4 * 105e-6)  # 5% worse: noise

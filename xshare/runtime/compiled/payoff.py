@@ -210,6 +210,11 @@ def group_key(program_key: str, capacity: int) -> str:
     return f"{program_key}/fused{capacity}"
 
 
+def is_group_key(key: str) -> bool:
+    """Whether K-step verdicts kept under ``key`` are a fused group's (``group_key``)."""
+    return "/fused" in key
+
+
 def k_gain(verdicts: list) -> tuple[int, float] | None:
     """``(K, multi / single)`` of the form these K-step verdicts kept (bit-identical and faster)
     that its own check found to save the most (its K-step call's cost per step over its one-step
@@ -229,7 +234,10 @@ def at_k(step_s: float, k: int, ratio: float, call_s: float) -> float:
     own work shrinks by ``ratio`` (``k_gain``), and the per-call cost is paid once per K steps."""
     if k == 1:
         return step_s
-    return max(step_s - call_s, 0.0) * ratio + call_s / k
+    # The per-call cost is part of the step it was measured in: never most of it (as the tiers
+    # weigh a promotion), or a figure from another moment would leave the step no work to scale.
+    call_s = min(call_s, 0.9 * step_s)
+    return (step_s - call_s) * ratio + call_s / k
 
 
 def _decode(r: dict[str, Any]) -> tuple[tuple[str, int], FusionVerdict]:
