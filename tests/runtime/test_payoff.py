@@ -172,6 +172,31 @@ def test_the_per_call_cost_a_verdict_is_judged_with_comes_from_solo_programs_alo
     assert at_k(100e-6, 32, 0.5, 300e-6) == pytest.approx(10e-6 * 0.5 + 90e-6 / 32)
 
 
+def test_both_sides_are_carried_to_the_same_k_not_to_the_check_with_the_smallest_ratio(monkeypatch):
+    """The zoo MLP's records on 2026-12-01: its K=32 check timed one step a call at 478 us (a
+    compile beside it), its K=16 check at 260; the group of 4 kept K=16 alone. Carried by the
+    smallest ratio (K=32's 0.33) the solo side cost 97 us a step against 134 a member fused, and
+    the sweep ran unfused; at K=16 on both sides fusing pays, as both K-step forms timed together
+    say (84 us a member fused, 100 alone)."""
+    from xshare.runtime.compiled import multistep
+    from xshare.runtime.compiled.multistep import Form, Verdict
+    from xshare.runtime.compiled.payoff import group_key, k_gain
+
+    kverdicts = multistep.Verdicts()
+    monkeypatch.setattr(payoff, "_kstep_verdicts", kverdicts.of)
+    monkeypatch.setattr(payoff, "_call_s", lambda: 115e-6)
+    kverdicts.put("zoo", Verdict(Form(32, False), True, 478.4e-6, 156.6e-6))
+    kverdicts.put("zoo", Verdict(Form(16, False), True, 260.2e-6, 152.1e-6))
+    kverdicts.put(group_key("zoo", 4), Verdict(Form(16, False), True, 861.5e-6, 580.0e-6))
+    assert k_gain(kverdicts.of("zoo")) == (32, pytest.approx(156.6 / 478.4))  # the largest K kept
+    assert k_gain(kverdicts.of("zoo"), prefer_k=16) == (16, pytest.approx(152.1 / 260.2))
+    v = FusionVerdicts()
+    v.put("zoo", FusionVerdict(capacity=4, solo_step_s=402.3e-6, fused_step_s=900.5e-6))
+    judged = v.judged("zoo", 4)
+    assert "fused at K=16 against its own program at K=16" in judged.basis
+    assert judged.pays(4) and v.weigh("zoo", 4, 4, None, 0.0) is None
+
+
 def test_a_running_group_dissolves_only_past_the_margin():
     assert LOSES.loses(4) and not PAYS.loses(4)
     close = FusionVerdict(4, solo_step_s=100e-6, fused_step_s=4 * 105e-6)  # 5% worse: noise
@@ -282,9 +307,9 @@ def test_explain_weighs_a_group_program_compiled_already_as_submit_does(verdicts
 def test_a_group_measured_to_lose_dissolves_and_its_members_finish_alone_without_losing_a_step(
         verdicts, monkeypatch, tmp_path):
     # The measurement is the one input forced here (this CPU finds fusing a linear step pays):
-    # the fused call timed first, then the solo one.
-    times = iter([2000e-6, 50e-6])  # (plus the per-call host cost on each side: still a loss)
-    monkeypatch.setattr(fusecheck, "_fastest", lambda call, arrays: next(times))
+    # the fused call's time, then the solo one's.
+    monkeypatch.setattr(fusecheck, "_fastest_pair", lambda *sides: [2000e-6, 50e-6])  # (plus the
+    # per-call host cost on each side: still a loss)
     # ... and so is whether it is worth measuring (these 200 steps are far shorter than the
     # solo compile: test_a_short_group_is_not_measured checks that rule)
     monkeypatch.setattr(fusecheck, "MEASURE_AFTER", 0.0)
@@ -449,3 +474,19 @@ def test_a_convolution_is_found_inside_an_inner_jaxpr():
     w = jnp.ones((2, 2, 3, 3))
     assert "conv_general_dilated" in primitives(jax.make_jaxpr(scanned)(jnp.ones((4, 1, 2, 5, 5)), w))
     assert "conv_general_dilated" not in primitives(jax.make_jaxpr(lambda x: x @ x)(jnp.ones((3, 3))))
+
+
+def test_the_fusion_checks_two_sides_are_timed_in_turns():
+    """A disturbance that lasts a while (a compile beside the check) slows the calls of both
+    sides made then, not all the calls of whichever side was timed during it."""
+    order = []
+
+    def side(name):
+        def call(arrays):
+            order.append(name)
+            return [arrays]
+        return call, [np.zeros(1)]
+
+    best = fusecheck._fastest_pair(side("fused"), side("solo"))
+    assert order == ["fused", "solo"] * fusecheck.CALLS
+    assert len(best) == 2 and all(0 <= b < 1 for b in best)

@@ -118,8 +118,8 @@ class FusionVerdicts:
         verdict = self.get(program_key, capacity)
         if verdict is None or _kstep_verdicts is None:
             return verdict
-        solo = k_gain(_kstep_verdicts(program_key))
         fused = k_gain(_kstep_verdicts(group_key(program_key, capacity)))
+        solo = k_gain(_kstep_verdicts(program_key), prefer_k=fused[0] if fused is not None else None)
         if solo is None or fused is None or (solo[0] == 1 and fused[0] == 1):
             return verdict
         call_s = _call_s() if _call_s is not None else 0.0
@@ -215,16 +215,26 @@ def is_group_key(key: str) -> bool:
     return "/fused" in key
 
 
-def k_gain(verdicts: list) -> tuple[int, float] | None:
+def k_gain(verdicts: list, prefer_k: int | None = None) -> tuple[int, float] | None:
     """``(K, multi / single)`` of the form these K-step verdicts kept (bit-identical and faster)
-    that its own check found to save the most (its K-step call's cost per step over its one-step
-    call's, both timed there together); ``(1, 1.0)`` if none was kept; None without a verdict."""
+    that a unit of the program runs: the one at ``prefer_k`` steps per call if kept (the other
+    side's, so that both sides are carried to the same K), else the largest K kept (a rolled
+    form before an unrolled one of the same K: what the tiers take for a unit with no boundary).
+    ``(1, 1.0)`` if none was kept; None without a verdict.
+
+    Not the form whose check found the smallest ratio: each check times its one-step side and
+    its K-step side once, and the smallest ratio is most often the check whose one-step side a
+    compile beside it slowed (the zoo MLP's K=32 check: 478 us one step a call where its K=16
+    check timed 260), which made the solo side look three times cheaper at K than one step a
+    call, and fusing lose (134 us a member against 97) where timed together it pays (84 against
+    100 at K=32)."""
     if not verdicts:
         return None
     kept = [v for v in verdicts if v.kept and v.single_step_s > 0]
     if not kept:
         return 1, 1.0
-    best = min(kept, key=lambda v: v.multi_step_s / v.single_step_s)
+    same = [v for v in kept if v.form.k == prefer_k]
+    best = max(same or kept, key=lambda v: (v.form.k, not v.form.unroll))
     return best.form.k, best.multi_step_s / best.single_step_s
 
 

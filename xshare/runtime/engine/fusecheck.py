@@ -6,7 +6,7 @@ lost narrowly (measured again: ``FusionVerdict.recheck``), is measured once it h
 solo program compiles in the background (the tier thread),
 then, at a step boundary, the dispatcher times the fused program on a copy of the group's stack
 and the solo program on a copy of one member's state, the same way (warm calls on zero batches,
-the fastest of ``CALLS``, plus the measured cost of one executable call on each side). A group
+the fastest of ``CALLS``, the two sides' calls in turns, plus the measured cost of one executable call on each side). A group
 whose step costs each member more than a solo step would dissolves there: each member moves to
 a lane of its own with its state and steps alone from its next step (same steps, same batches:
 its results do not change), provided the arena has room for all of them now; otherwise they stay
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from .tiers import Tiers
 
 WARM_STEPS = 8   # group steps before it is measured (its first steps carry one-time costs)
-CALLS = 3        # timed calls each way; the fastest counts (the least disturbed by other threads)
+CALLS = 5        # timed calls each way, in turns; the fastest counts (the least disturbed by other threads)
 SETTLED = True   # Group.payoff once measured (or known): nothing more to do
 
 
@@ -103,11 +103,11 @@ class FuseCheck:
         capacity = group.capacity
         stacked = [np.zeros((capacity, *z.shape), z.dtype) for z in group.zero_batch]
         mask = np.ones((capacity,), np.bool_)
-        fused_s = _fastest(lambda copy: group.fused.executable(
-            *((copy, (stacked, mask)) + ((scratch,) if scratch is not None else ()))),
-            state_copy(group.arrays))
-        solo_s = _fastest(lambda copy: call(group.program.executable, copy, [z.copy() for z in group.zero_batch],
-                                            scratch), list(fusion.take(group.fused, group.arrays, slot)))
+        fused_s, solo_s = _fastest_pair(
+            (lambda copy: group.fused.executable(*((copy, (stacked, mask)) + ((scratch,) if scratch is not None else ()))),
+             state_copy(group.arrays)),
+            (lambda copy: call(group.program.executable, copy, [z.copy() for z in group.zero_batch], scratch),
+             list(fusion.take(group.fused, group.arrays, slot))))
         # What one executable call costs beyond its work (the K-step checks measure it; CALL_S
         # before any): a fused call pays it once for all its members. Not the timeline's host gap,
         # which also holds the time the device waited for data.
@@ -153,12 +153,18 @@ def _worth(compile_s: float, group: Group) -> bool:
     return step_s is not None and left * step_s >= MEASURE_AFTER * compile_s
 
 
-def _fastest(call: Any, arrays: list) -> float:
-    """The fastest of ``CALLS`` warm calls, each on the state the previous one returned."""
-    best = float("inf")
+def _fastest_pair(*sides: tuple[Any, list]) -> list[float]:
+    """Each side's fastest of ``CALLS`` warm calls, each on the state its previous call
+    returned, the sides' calls taking turns: a compile or another thread that slows the machine
+    for a while slows both sides' calls, not the ones of whichever side ran then (timed one side
+    after the other, a first run's zoo sweep measured a solo step at 596 us and, a group later,
+    at 402)."""
+    best = [float("inf")] * len(sides)
+    arrays = [a for _, a in sides]
     for _ in range(CALLS):
-        t0 = time.perf_counter()
-        arrays = call(arrays)[0]
-        jax.block_until_ready(arrays)
-        best = min(best, time.perf_counter() - t0)
+        for i, (call_, _) in enumerate(sides):
+            t0 = time.perf_counter()
+            arrays[i] = call_(arrays[i])[0]
+            jax.block_until_ready(arrays[i])
+            best[i] = min(best[i], time.perf_counter() - t0)
     return best
