@@ -6,11 +6,11 @@ lost narrowly (measured again: ``FusionVerdict.recheck``), is measured once it h
 solo program compiles in the background (the tier thread),
 then, at a step boundary, the dispatcher times the fused program on a copy of the group's stack
 and the solo program on a copy of one member's state, the same way (warm calls on zero batches,
-the fastest of ``CALLS``, the two sides' calls in turns, plus the measured cost of one executable call on each side). A group
-whose step costs each member more than a solo step would dissolves there: each member moves to
-a lane of its own with its state and steps alone from its next step (same steps, same batches:
-its results do not change), provided the arena has room for all of them now; otherwise they stay
-fused. The verdict is kept, so later groups of the program do not open (and ``Runtime.explain``
+the fastest of ``CALLS``, the two sides' calls in turns, plus the measured cost of one
+executable call on each side). A group whose step costs each member more than a solo step
+would dissolves there: each member moves to a lane of its own with its state and steps alone
+from its next step (same steps, same batches: its results do not change), provided the arena
+has room for all of them now; otherwise they stay fused. The verdict is kept, so later groups of the program do not open (and ``Runtime.explain``
 says why). ``FuseCheck`` is a part of the engine, given the parts it uses (the executor asks its
 ``tend`` before a group's step); dispatcher thread only.
 """
