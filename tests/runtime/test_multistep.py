@@ -320,13 +320,72 @@ def test_a_kept_form_starts_loading_as_soon_as_its_program_is_keyed(monkeypatch)
     assert len(submitted) == 1
     off = Tiers(device=None, submit=submit, max_k=1, compile_estimate=lambda: 0.1)  # steps_per_call=1
     off.prefetch("kept", loads.append, lambda form: False)
-    # Under srtf and priority a unit's K is capped by its measured step time: not guessed ahead.
-    preemptive = Tiers(device=None, submit=submit, max_k=32, compile_estimate=lambda: 0.1, prefetch=False)
+    # Under srtf and priority a call may take the policy's quantum / 2 at most (4 and 8 ms): a kept form is loaded ahead
+    # only if K of its checked steps fit (``multicall.form_fits``); 32 x 20 us do, 16 x 600 not.
+    preemptive = Tiers(device=None, submit=submit, max_k=32, compile_estimate=lambda: 0.1,
+                       call_fits=lambda v: v.form.k * v.multi_step_s <= 1e-3)
     preemptive.prefetch("kept", loads.append, lambda form: False)
-    assert len(submitted) == 1
-    for policy, prefetches in (("srtf", False), ("priority", False), ("fifo", True), ("pack", True)):
+    assert len(submitted) == 2
+    k16 = Form(16, False)
+    multistep.VERDICTS.put("long", multistep.Verdict(k16, True, 900e-6, 600e-6))
+    preemptive.prefetch("long", loads.append, lambda form: False)
+    assert len(submitted) == 2
+    for policy, bounded in (("srtf", True), ("priority", True), ("fifo", False), ("pack", False)):
         with xshare.Runtime(memory="64MiB", policy=policy) as rt:
-            assert rt._dispatcher.tiers._prefetch is prefetches, policy
+            fits = rt._dispatcher.tiers.call_fits
+            assert (fits is not None) is bounded, policy
+            if bounded:  # (the runtime's own rule: the policy's quantum over dispatch_ahead + 1)
+                assert fits(multistep.VERDICTS.get("kept", k32))
+                assert not fits(multistep.VERDICTS.get("long", k16))
+
+
+def test_under_srtf_a_kept_form_that_fits_a_call_is_weighed_at_the_first_turn(monkeypatch):
+    """Under srtf and priority a unit's K is bounded by its step time, and a unit not timed yet
+    was weighed only after 8 timed steps: every job of the jct trace ran its first 9-135 steps one
+    per call, on the critical path of each switch to a new arrival. A form this machine kept whose
+    K checked steps fit a call (``form_fits``) is weighed at once, with its program's checked
+    one-step time; one that does not fit waits for the unit's own steps, as before."""
+    from types import SimpleNamespace
+
+    from xshare.runtime.engine.multicall import MultiCalls
+    from xshare.sched.steps import QUANTUM_S
+
+    monkeypatch.setattr(multistep, "VERDICTS", multistep.Verdicts())
+    k32 = Form(32, False)
+    fits_s = QUANTUM_S / 2 / 32 * 0.9    # 32 of these fit a call (the quantum over dispatch_ahead=1 + 1)
+    multistep.VERDICTS.put("fits", multistep.Verdict(k32, True, 2 * fits_s, fits_s))
+    multistep.VERDICTS.put("long", multistep.Verdict(k32, True, 4 * fits_s, 2 * fits_s))
+    weighed: list = []
+    calls = SimpleNamespace(config=SimpleNamespace(preemptive=True, dispatch_ahead=1, quantum=1, call_quantum_s=QUANTUM_S),
+                            device=None,
+                            units=SimpleNamespace(running={}), timeline=SimpleNamespace(host_gap_s=None),
+                            tiers=SimpleNamespace(keeps=lambda v: v.kept, tier=lambda job: "its tier",
+                                                  consider=lambda tier, c: weighed.append((c.key, c.step_s))),
+                            period=lambda job, step_s=None: None)
+    for key in ("fits", "long"):
+        job = SimpleNamespace(is_group=False, group=None, program=SimpleNamespace(key=key), steps_left=500,
+                              steps_done=0, step_times=[], host_gap_s=None)
+        calls.units.running = {1: job}
+        MultiCalls.consider(calls, job)
+    assert weighed == [("fits", 2 * fits_s)]
+
+
+def test_each_preemptive_policy_caps_a_call_by_its_own_quantum():
+    """``Policy.quantum_s``: srtf's calls may hold the device twice as long as priority's (16 ms
+    in flight against 8). On a slow evening the jct trace's 128-wide MLP was checked at 331 us a
+    step at K=8 and ~280 at K=16: within 8 ms in flight (4 a call) only K=8 fit, calls shorter
+    than the host's work between them, and srtf's makespan was 1.2x fifo's."""
+    from xshare.runtime.config import RuntimeConfig
+    from xshare.runtime.engine.multicall import call_cap, form_fits
+    from xshare.sched import get_policy
+    from xshare.sched.steps import QUANTUM_S, SRTF_QUANTUM_S
+
+    srtf, priority, fifo = (RuntimeConfig.of(get_policy(p)) for p in ("srtf", "priority", "fifo"))
+    assert (srtf.call_quantum_s, priority.call_quantum_s, fifo.call_quantum_s) == (SRTF_QUANTUM_S, QUANTUM_S, QUANTUM_S)
+    assert srtf.dispatch_ahead == priority.dispatch_ahead == 1
+    assert call_cap(srtf, 280e-6) == 16 and call_cap(priority, 280e-6) == 8
+    k16 = multistep.Verdict(Form(16, False), True, 409e-6, 280e-6)
+    assert form_fits(srtf, k16) and not form_fits(priority, k16)
 
 
 def test_a_unit_not_timed_yet_takes_its_forms_from_its_programs_checked_step_time(monkeypatch):
@@ -670,7 +729,7 @@ def test_under_srtf_a_kept_form_is_capped_by_its_own_step_time_not_by_one_step_p
     verdicts.put("p", multistep.Verdict(k16, True, 107 * us, 49 * us))
     monkeypatch.setattr(multistep, "VERDICTS", verdicts)
     calls = SimpleNamespace(config=SimpleNamespace(dispatch_ahead=1, quantum=1, preemptive=True,
-                                                   checkpoint_dir=None),
+                                                   checkpoint_dir=None, call_quantum_s=QUANTUM_S),
                             tiers=SimpleNamespace(keeps=lambda v: v.kept))
     calls.preemptive_cap = lambda job, step_s=None: MultiCalls.preemptive_cap(calls, job, step_s)
     job = SimpleNamespace(step_time_s=107 * us, tier=SimpleNamespace(multi=None, step_s=None),
@@ -685,6 +744,44 @@ def test_under_srtf_a_kept_form_is_capped_by_its_own_step_time_not_by_one_step_p
     verdicts.put("p", multistep.Verdict(k16, True, 300 * us, 200 * us))
     job.tier = SimpleNamespace(multi=None, step_s=None)
     assert MultiCalls.period(calls, job, 300 * us) == 2          # 16 x 200 us does not fit: not allowed
+
+
+def test_a_jobs_form_pace_is_its_fastest_kept_forms_check_with_its_batches(monkeypatch):
+    """``MultiCalls.form_step_s``: what srtf ranks a job's steps by in its multi-step form. The
+    fastest kept form's check (its K-step call over K) plus the time to make a batch where the
+    dispatcher makes them, the slower of the two where a feeder does; a form not kept, or whose
+    K steps at its pace do not fit a call under a preemptive policy, does not count; a group,
+    or a job whose boundaries come every step, has none. A new verdict is seen at the next ask (the paces are kept per program until the
+    verdicts change)."""
+    from types import SimpleNamespace
+
+    from xshare.runtime.engine.multicall import MultiCalls
+
+    k8, k32 = multistep.Form(8, False), multistep.Form(32, False)
+    verdicts = multistep.Verdicts()
+    verdicts.put("p", multistep.Verdict(k8, True, 176e-6, 95e-6))
+    verdicts.put("p", multistep.Verdict(k32, True, 176e-6, 87e-6))
+    verdicts.put("q", multistep.Verdict(k32, False, 176e-6, 50e-6, deviation=1e-3))  # not exact
+    monkeypatch.setattr(multistep, "VERDICTS", verdicts)
+    fed = [False]
+    calls = SimpleNamespace(config=SimpleNamespace(preemptive=False, dispatch_ahead=1, quantum=1, call_quantum_s=8e-3),
+                            tiers=SimpleNamespace(keeps=lambda v: v.kept), _fed=lambda unit: fed[0], _paces={},
+                            period=lambda unit: getattr(unit, "period", None))
+    pace = lambda unit, data_s=None: MultiCalls.form_step_s(calls, unit, data_s)  # noqa: E731
+    job = SimpleNamespace(is_group=False, program=SimpleNamespace(key="p"))
+    assert pace(job) == pytest.approx(87e-6)
+    assert pace(job, 100e-6) == pytest.approx(187e-6)            # made inline before each step
+    fed[0] = True
+    assert pace(job, 100e-6) == pytest.approx(100e-6)            # made beside them: the slower
+    calls.config.preemptive, calls.config.call_quantum_s = True, 4e-3
+    calls._paces.clear()
+    assert pace(job) == pytest.approx(95e-6)                     # 32 x 87 us > 2 ms a call; 8 x 95 fit
+    verdicts.put("p", multistep.Verdict(Form(16, False), True, 176e-6, 90e-6))
+    assert pace(job) == pytest.approx(90e-6)                     # a new verdict: seen at once
+    assert pace(SimpleNamespace(is_group=False, program=SimpleNamespace(key="p"), period=1)) is None  # a report every step
+    assert pace(SimpleNamespace(is_group=False, program=SimpleNamespace(key="q"))) is None
+    assert pace(SimpleNamespace(is_group=False, program=None)) is None
+    assert pace(SimpleNamespace(is_group=True, program=SimpleNamespace(key="p"))) is None
 
 
 def test_a_form_timed_slower_is_checked_again_by_later_runs_then_left_off(monkeypatch, tmp_path):

@@ -134,6 +134,16 @@ SRTF = [
          "though by device time alone they look shorter",
          (job(1, steps_left=4000, step_time_s=30e-6, host_s=45e-6),
           job(2, steps_left=900, step_time_s=200e-6, host_s=45e-6)), {0: 2}),
+    Case("a stale pace gives way to its form's", "the jct trace's 4,056-step job ran its first "
+         "steps one per call beside three compiles (129 us + 1.3 ms of host time a step) and was "
+         "preempted: its K=32 form runs a step in 87 us (form_step_s), so 3,700 of them (0.32 s) "
+         "beat 1,424 of a 128-wide job's (231 us in its form: 0.33 s), not 4.8 s against 0.52",
+         (job(1, steps_left=3700, step_time_s=129e-6, host_s=1296e-6, form_step_s=87e-6),
+          job(2, steps_left=1424, step_time_s=270e-6, host_s=95e-6, form_step_s=231e-6)), {0: 1}),
+    Case("its own pace where faster than its form's", "the lesser of the two: a form timed beside "
+         "a compile never makes a job that runs faster rank slower (1,000 x 100 us, not x 500 us)",
+         (job(1, steps_left=1000, step_time_s=100e-6, form_step_s=500e-6),
+          job(2, steps_left=300, step_time_s=400e-6)), {0: 1}),
     Case("unknown length last", "steps_left None counts as infinite",
          (job(1, steps_left=None), job(2, steps_left=1000)), {0: 2}),
     Case("all unknown by arrival", "infinite ties fall back to arrival",

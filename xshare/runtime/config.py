@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..sched.steps import MAX_STEPS_PER_CALL, pow2_floor
+from ..sched.steps import MAX_STEPS_PER_CALL, QUANTUM_S, pow2_floor
 
 # Steps kept in flight behind a fused group's step under throughput policies (while their
 # stacked batches stay small: compiled.fusion.pipeline_depth). A group step makes N members'
@@ -52,6 +52,7 @@ class RuntimeConfig:
     steps_forced: bool = False            # the user named K: no payback weighing (engine/tiers.py)
     steps_rtol: float | None = None       # K-step forms kept within this relative difference (None: exact)
     preemptive: bool = False              # the policy preempts at step boundaries (caps K)
+    call_quantum_s: float = QUANTUM_S     # ... to about this much device time in flight (Policy.quantum_s)
     debug_ownership: bool = False         # parts assert they run on the dispatcher thread
     parallel_lanes: bool = True           # on CPU, lanes' calls side by side (engine/streams.py); off under exclusive policies
 
@@ -126,7 +127,8 @@ class RuntimeConfig:
                    keep_results=keep_results, fuse=bool(fuse), fuse_measured=fuse is True, group_capacity=group_capacity if fuse else None,
                    steps_per_call=_steps_per_call(steps_per_call), steps_forced=steps_per_call != "auto",
                    steps_rtol=None if steps_per_call_rtol is None else float(steps_per_call_rtol),
-                   preemptive=preemptive, debug_ownership=debug_ownership,
+                   preemptive=preemptive, call_quantum_s=float(getattr(policy, "quantum_s", QUANTUM_S)),
+                   debug_ownership=debug_ownership,
                    # A policy that gives one job the device (fifo, priority, srtf) keeps every call
                    # on one stream: run side by side, the next job's first call shares the cores
                    # with the running one's last (the urgent job's, under priority).

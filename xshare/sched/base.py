@@ -19,7 +19,8 @@ class Policy(Protocol):
     name: str
     exclusive: bool  # True = at most one job runs device-wide at a time
     # Optional ``preemptive = True``: a newly urgent job takes over at the next step boundary, so
-    # the runtime keeps few steps in flight and caps the steps per call (sched/steps.py).
+    # the runtime keeps few steps in flight and caps the steps per call (sched/steps.py) to about
+    # ``quantum_s`` seconds of device time in flight (optional; default ``steps.QUANTUM_S``).
     # Optional ``timing = True``: the decision depends on measured device time, so the runtime
     # asks again after every rotation (default: after a few rotations, and on every event).
 

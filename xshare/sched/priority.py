@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from .base import pick_one
+from .steps import QUANTUM_S
 from .view import Decision, View
 
 
@@ -17,6 +18,7 @@ class Priority:
     name = "priority"
     exclusive = True
     preemptive = True  # a newly urgent job takes over at the next step boundary
+    quantum_s = QUANTUM_S  # the device time the calls in flight may take (steps.py: why)
 
     def init(self) -> Any:
         return None

@@ -9,8 +9,9 @@ The runtime measures and passes everything in; it applies what comes back. See
   ``on_metrics`` (a study) acts on, the batches it has ready, and under a preemptive policy the
   time an urgent arrival may wait.
 * ``preemptive_cap``: under ``srtf`` and ``priority`` a call in flight cannot be preempted, so
-  a newly urgent job waits for it. The cap keeps a call within ``QUANTUM_S`` of device time
-  (or one step, if one step is longer), so the wait is about what one step cost before.
+  a newly urgent job waits for it. The cap keeps a call within the policy's quantum of device
+  time (``QUANTUM_S``, ``SRTF_QUANTUM_S``; or one step, if one step is longer), so the wait is
+  about what one step cost before.
 * ``promotion_pays``: move a job to a program it has not got yet only if its remaining steps
   repay the compile, from measured step times and a compile-time estimate.
 * ``fusion_pays``: the same rule for a fused group, with the per-member saving measured.
@@ -34,8 +35,21 @@ MAX_STEPS_PER_CALL = 32
 # no better than fifo's (64-73% of its zero-overhead oracle); at 8 ms it runs K=16 and srtf
 # reaches 91-97% (benchmarks/RESULTS.md). 8 ms is still under one frame at 60 Hz and far under
 # Salus's switch granularity (a whole iteration), and a serving request waits for one call
-# under every policy anyway.
+# under every policy anyway. This is ``priority``'s quantum (urgent jobs and served models next
+# to training) and the bound of throughput policies' rolled K (``rolled_k``); a policy may name
+# its own (``Policy.quantum_s``).
 QUANTUM_S = 8e-3
+
+# ``srtf``'s quantum: twice ``QUANTUM_S`` (8 ms a call with dispatch_ahead=1). srtf preempts to
+# cut average completion time, not to answer within a frame, and a job's arrival waits at most
+# ~16 ms against JCTs of 0.1-10 s. At 8 ms, on a slow evening of the project's CPU (steps ~2x
+# their fast-hour times), the jct trace's 128-wide MLP fit only K=8 a call (331 us a step as
+# checked), and K=8 calls were shorter than the host's work between them (its batches are made
+# 16 at a time, ~3 ms a block): the device idled every other call, the w128 jobs ran 45-60%
+# slower than under fifo's K=16, srtf's makespan was 1.2x fifo's, and srtf reached 66-74% of
+# its zero-overhead oracle. At 16 ms it runs fifo's forms, the makespans match, and it reached
+# 94% (86-95) in the same hour (benchmarks/RESULTS.md).
+SRTF_QUANTUM_S = 16e-3
 
 
 @dataclass(frozen=True)

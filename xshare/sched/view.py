@@ -30,6 +30,9 @@ class JobView:
     host_s: float = 0.0     # measured host seconds per step the device waits (dispatch, data);
                             # ~0 when the host keeps ahead of the device
     call_steps: int = 1     # steps one call of its may run: its K-step program's K (1 without one)
+    form_step_s: float | None = None  # seconds a step takes, host and device together, in the
+                            # fastest multi-step form it runs or may run, as that form's check
+                            # timed it (K steps in one call, over K); None without one
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from xshare import sched
 from xshare.runtime.engine.planner import Pick, Planner
 from xshare.runtime.engine.units import Units
@@ -114,6 +116,38 @@ def test_srtf_ranks_a_job_by_its_recent_steps_not_its_first_ones():
     short.step_times.clear()
     short.step_times.extend([9e-3, 9e-3] + [3e-4] * 40)
     assert short.step_estimate_s(None) == 3e-4  # the first two left out, the recent median kept
+
+
+def test_the_view_carries_each_units_form_pace_with_its_batches_or_a_typical_ones():
+    """``form_step_s(unit, data_s)`` (the dispatcher's: ``MultiCalls.form_step_s``) is asked
+    with the unit's own time to make a batch, or for a unit that has made none the median
+    of those that have: a job that had not run ranked ahead of one that had by the price of its
+    batches alone. srtf ranks by it where it is less than the unit's own pace."""
+    seen, asked = [], []
+
+    class Recording(sched.Srtf):
+        def pick(self, view, state):
+            seen.append(view)
+            return super().pick(view, state)
+
+    old, new, other = (fakes.job("old", steps=2000, step_s=1.4e-3), fakes.job("new", steps=1424, step_s=6e-4),
+                       fakes.job("other", steps=5000, step_s=3e-4))
+    old.data_s, other.data_s = 100e-6, 60e-6
+    forms = {"old": 87e-6, "new": 231e-6, "other": None}
+
+    def form_step_s(unit, data_s):
+        asked.append((unit.name, data_s))
+        return None if forms[unit.name] is None else forms[unit.name] + data_s
+
+    p, _, _ = planner(Recording(), new, old, other)
+    p.form_step_s = form_step_s
+    # 2000 x 187 us = 0.37 s against 1424 x 331 us = 0.47 s (by their own paces: 2.8 against
+    # 0.85 s; without a batch's cost for the one that made none: 1424 x 231 us = 0.33 s)
+    assert p.next().unit is old
+    assert sorted(asked) == [("new", 100e-6), ("old", 100e-6), ("other", 60e-6)]  # (the median of two: the upper)
+    (view,) = seen
+    by = {v.name: v.form_step_s for v in view.jobs}
+    assert by["old"] == pytest.approx(187e-6) and by["new"] == pytest.approx(331e-6) and by["other"] is None
 
 
 def test_a_unit_without_its_batch_is_skipped_for_a_ready_one_unless_the_policy_is_exclusive():

@@ -66,6 +66,7 @@ from . import evaluation
 from .admission import Admission
 from .events import Cancel, Control, Pause, Resume, SetPriority
 from .executor import Executor
+from .multicall import form_fits
 from .fusecheck import FuseCheck
 from .group_device import GroupDevice
 from .groups import Groups
@@ -121,7 +122,8 @@ class Dispatcher:
         # K-step programs promoted in the background (tiers.py, multicall.py).
         self.tiers = Tiers(device=device, submit=submit, max_k=config.steps_per_call,
                            forced=config.steps_forced, compile_estimate=compile_estimate,
-                           rtol=config.steps_rtol, prefetch=not config.preemptive)
+                           rtol=config.steps_rtol,
+                           call_fits=functools.partial(form_fits, config) if config.preemptive else None)
         self.life = Lifecycle(units, recorder, t0=t0, clock=clock,
                               checkpoint_dir=config.checkpoint_dir, read_state=read_state,
                               keep_results=config.keep_results,
@@ -138,6 +140,7 @@ class Dispatcher:
             ring=ring, arena=arena, tend=self.fusecheck.tend, cancel_soon=self._cancel_soon,
             shapes=OtherShapes(device=device, arena=arena, staging=config.prefetch + config.dispatch_ahead, recorder=recorder,
                                submit=submit, post=self.post, on_ready=self._shape_ready))
+        self.planner.form_step_s = executor.multi.form_step_s  # (the K-step calls exist from here)
         # The executor's hot entry points and its pipeline, bound once (the loop runs per step).
         self._inflight = executor.inflight
         self._dispatch, self._retire_oldest, self._retire = executor.dispatch, executor.retire_oldest, executor.retire

@@ -5,7 +5,7 @@ job to its K-step program, and when to start compiling one.
 pipeline (``executor.Executor``, which makes it; dispatcher thread only). How
 many steps a call runs is ``sched.steps.steps_per_call`` over the job's boundaries, so a call
 never passes its last step, an evaluation, a checkpoint, a report a study acts on, the batches
-it has, or (preemptive policies) about ``sched.steps.QUANTUM_S`` of device time.
+it has, or (preemptive policies) about the policy's quantum of device time (``sched.steps``).
 
 Runs share those bounds: several calls of a unit's one-step program in one turn (``chain``,
 ``run_steps``; ``Executor.run`` and ``GroupCalls.run`` make them).
@@ -67,6 +67,8 @@ class MultiCalls:
         self.feeder, self._fed = feeding.feeder, feeding.fed
         self.config, self.recorder, self.timeline = config, recorder, timeline
         self.device, self.ring, self.arena = device, ring, arena
+        # program key -> (verdicts' version, its fastest kept form's pace or None): form_step_s
+        self._paces: dict[str, tuple[int, float | None]] = {}
 
     # ------------------------------------------------------------------ how many steps
     def bounds(self, job: JobRecord) -> ksteps.Bounds:
@@ -89,7 +91,7 @@ class MultiCalls:
 
     def preemptive_cap(self, job: JobRecord, step_s: float | None = None) -> int:
         """Under a preemptive policy, the most steps one call of ``job`` may run (1 while its
-        step time is unknown): about ``QUANTUM_S`` of device time shared by the calls in flight,
+        step time is unknown): about the policy's quantum of device time shared by the calls in flight,
         and at least ``quantum`` steps (Runtime's argument: a job keeps the device that long)."""
         if step_s is None:
             tier = job.tier
@@ -103,8 +105,43 @@ class MultiCalls:
                 step_s = min(tier.step_s, job.step_time_s or tier.step_s)
             else:
                 step_s = job.step_time_s if job.step_time_s is not None or tier is None else tier.step_s
-        return max(ksteps.preemptive_cap(step_s, ksteps.QUANTUM_S / (1 + self.config.dispatch_ahead)),
-                   self.config.quantum)
+        return call_cap(self.config, step_s)
+
+    def form_step_s(self, unit: Any, data_s: float | None = None) -> float | None:
+        """Seconds a step of ``unit`` takes in the fastest multi-step form it runs or may run:
+        the form's check's figure (its K-step call over K, host and device together, on batches
+        made before the clock) plus ``data_s``, the time to make one of its batches (its own as
+        measured, or a typical one's before it has made any), where the dispatcher makes them
+        (``Feeding.fed``: else the feeder makes them beside the steps, and the slower of the two
+        sets the pace). A kept form (``Tiers.keeps``) whose K fits the preemptive cap at that
+        pace; None for a group, a job not prepared yet, one without such a form, or one whose
+        boundaries come every step (``period``).
+
+        Policies rank remaining time by it (``sched.srtf.remaining_s``): a job's own step times
+        are those of the steps it ran, often one per call beside other jobs' compiles, and are not
+        renewed while it waits. A batch's time is its slowly rising minimum (``source.produce``),
+        not its mean: on this project's 2-core CPU everything the runtime times while other jobs
+        compile is slowed, the check's figure least (the fastest of its rounds); the mean of the
+        jct trace's synthetic batches came to ~100 us there against ~25 alone, and ranked with it
+        a job that had just made its first batches looked a third dearer than one that had not."""
+        program = getattr(unit, "program", None)
+        if unit.is_group or program is None:
+            return None
+        verdicts = multistep.VERDICTS
+        known = self._paces.get(program.key)
+        if known is None or known[0] != verdicts.version:
+            paces = [v.multi_step_s for v in verdicts.of(program.key) if v.multi_step_s > 0 and self.tiers.keeps(v)
+                     and (not self.config.preemptive or form_fits(self.config, v))]
+            known = self._paces[program.key] = (verdicts.version, min(paces) if paces else None)
+        best = known[1]
+        if best is None:
+            return None
+        period = self.period(unit)
+        if period is not None and period < 2:
+            return None  # its boundaries (a report every step) hold it at one step per call
+        if not data_s:
+            return best
+        return max(best, data_s) if self._fed(unit) else best + data_s
 
     def steps_this_call(self, job: JobRecord, available: tuple[int, ...], upto: int = 1) -> int:
         bounds = self.bounds(job)
@@ -174,6 +211,14 @@ class MultiCalls:
             if job.steps_done >= WARM_STEPS:
                 self.timeline.drain()
                 step_s = typical_step_s(job)
+            if step_s is None and job.program is not None and any(
+                    self.tiers.keeps(v) and form_fits(self.config, v) for v in multistep.VERDICTS.of(job.program.key)):
+                # A form this machine kept whose calls fit at its own checked pace: taken at the
+                # first turn (loaded at prepare, ``Tiers.prefetch``), its one-step time the
+                # check's. Weighed only after 8 timed steps, every job of the jct trace ran its
+                # first 9-135 steps one per call, each switch to a newly arrived job on the
+                # critical path.
+                step_s = multistep.VERDICTS.step_s(job.program.key)
             if step_s is None:
                 return
         program, device = job.program, self.device
@@ -298,6 +343,19 @@ class MultiCalls:
             return False
         job.footprint = dataclasses.replace(fp, ephemeral=ephemeral)
         return True
+
+
+def call_cap(config: RuntimeConfig, step_s: float | None) -> int:
+    """Under a preemptive policy, the most steps one call at ``step_s`` a step may run: about
+    the policy's quantum of device time (``RuntimeConfig.call_quantum_s``) shared by the calls
+    in flight, and at least ``quantum`` steps."""
+    return max(ksteps.preemptive_cap(step_s, config.call_quantum_s / (1 + config.dispatch_ahead)), config.quantum)
+
+
+def form_fits(config: RuntimeConfig, verdict: Any) -> bool:
+    """Whether a call of ``verdict``'s form, K steps at the pace its check measured, fits the
+    time one call may take under a preemptive policy (``call_cap``)."""
+    return call_cap(config, verdict.multi_step_s) >= verdict.form.k
 
 
 def _done(value: Any) -> Any:

@@ -29,7 +29,7 @@ from .group import Group
 from ..compiled.multistep import MultiStep, Verdict
 from ..compiled.payoff import group_key
 from .lifecycle import Lifecycle
-from .multicall import MultiCalls, _done, call, chain, compare, run_steps, scratch_ident, state_copy
+from .multicall import MultiCalls, _done, call, call_cap, chain, compare, run_steps, scratch_ident, state_copy
 from .records import JobRecord
 from .source import END, DataError, Feeding, owned
 from .tiers import WARM_STEPS, Candidate, Tiers, typical_step_s
@@ -244,7 +244,7 @@ class GroupCalls:
         cap = None
         if self.config.preemptive:
             step_s = group.step_time_s if group.step_time_s is not None else group.tier.step_s
-            cap = max(ksteps.preemptive_cap(step_s, ksteps.QUANTUM_S / (1 + self.config.dispatch_ahead)), self.config.quantum)
+            cap = call_cap(self.config, step_s)
         k = max(max(available), upto)
         for _, job in members:
             k = min(k, ksteps.steps_per_call(self.multi.bounds_under(job, cap), available, upto))

@@ -36,14 +36,20 @@ class Planner:
     ``ready(unit, make)``: whether every member stepping in ``unit``'s next step has its batch
     (``make``: make a missing one now, as a plain loop would). ``owes(unit)``: the evaluation
     batch ``unit`` owes, or None; a unit that owes one is ready without a train batch.
+    ``form_step_s(unit, data_s)``: seconds a step of ``unit`` takes in its fastest multi-step
+    form, as that form's check timed it, with ``data_s`` to make its batch (its own measured
+    time, ``JobRecord.data_s``, or a typical unit's), or None
+    (``JobView.form_step_s``; the dispatcher sets it once the K-step calls exist:
+    ``MultiCalls.form_step_s``).
     """
 
     def __init__(self, units: Units, policy: Any, timeline: Any, *, quantum: int, slots: int,
                  t0: float, clock: Callable[[], float],
-                 ready: Callable[[Any, bool], bool], owes: Callable[[Any], Any]):
+                 ready: Callable[[Any, bool], bool], owes: Callable[[Any], Any],
+                 form_step_s: Callable[[Any, float | None], float | None] = lambda unit, data_s: None):
         self.units, self.policy, self.timeline = units, policy, timeline
         self.quantum, self.slots, self.t0, self.clock = quantum, slots, t0, clock
-        self.ready, self.owes = ready, owes
+        self.ready, self.owes, self.form_step_s = ready, owes, form_step_s
         self.state = policy.init()
         self.plan: Plan | None = None
         # Timed policies read device times at each decision: make them current first, and ask
@@ -87,6 +93,12 @@ class Planner:
         if self.timed:
             self.timeline.drain()  # its decision reads device times: make them current
         flops, host = self.timeline.flops_per_s, self.timeline.host_gap_s or 0.0
+        form_step_s = self.form_step_s
+        # A unit that has not made a batch yet is ranked with a typical one's cost (as its host
+        # time defaults to the runtime's): without it, a job that had not run ranked ahead of
+        # one that had by the price of its batches alone (its own measured on its first call).
+        made = sorted(u.data_s for u in units.running.values() if getattr(u, "data_s", None))
+        typical_data_s = made[len(made) // 2] if made else None
         views = []
         for unit in units.running.values():
             if unit.error is not None or (unit.steps_left == 0 and self.owes(unit) is None):
@@ -98,7 +110,8 @@ class Planner:
                 lane=unit.lane, last_seq=unit.last_seq,
                 turn_steps=units.turn_steps(unit),
                 host_s=unit.host_estimate_s(host),
-                call_steps=unit.tier.multi.k if unit.tier is not None and unit.tier.multi is not None else 1))
+                call_steps=unit.tier.multi.k if unit.tier is not None and unit.tier.multi is not None else 1,
+                form_step_s=form_step_s(unit, getattr(unit, "data_s", None) or typical_data_s)))
         lanes = tuple(sorted({v.lane for v in views}))
         view = sched.View(now=self.clock() - self.t0, jobs=tuple(views), lanes=lanes,
                           quantum=self.quantum, slots=self.slots)

@@ -88,7 +88,7 @@ class Tiers:
 
     def __init__(self, *, device: Any, submit: Callable[[Callable[[], Any]], Future] | None,
                  max_k: int, forced: bool = False, compile_estimate: Callable[[], float | None],
-                 rtol: float | None = None, prefetch: bool = True):
+                 rtol: float | None = None, call_fits: Callable[[multistep.Verdict], bool] | None = None):
         self.device = device
         self._submit = submit
         self.max_k = max_k                           # steps per call at most (1: tiers off)
@@ -99,11 +99,11 @@ class Tiers:
         # K single steps is kept too (None, the default: bit for bit only).
         self.rtol = rtol
         self.enabled = max_k > 1 and submit is not None
-        # Whether ``prefetch`` loads a unit's kept form before its first turn: not under a
-        # preemptive policy, whose quantum caps a unit's K by its measured step time (a form
-        # kept under fifo, K=32, is not one an srtf job may run: its load only held the one
-        # tiers thread the forms the jobs do run wait on).
-        self._prefetch = prefetch
+        # Under a preemptive policy, whether a form's call (K steps at its checked pace) fits the
+        # time one call may take (``multicall.form_fits``); None: every form's does. ``prefetch``
+        # loads only a form that fits: a form kept under fifo, K=32, that an srtf job may not
+        # run would only hold the one tiers thread the forms the jobs do run wait on.
+        self.call_fits = call_fits
         self._rechecked: set[tuple[str, Form]] = set()   # forms this runtime checked again
         self._compile_estimate = compile_estimate   # mean seconds of this process's compiles
 
@@ -234,10 +234,14 @@ class Tiers:
         to repay, no check), so the unit runs one step per call only until it lands. Loaded
         after the unit's first program, as before, it landed ~45 ms into the hook's fused
         8 x 3000 run (two groups of 4), which ran its group steps one per call until then."""
-        if not self.enabled or not self._prefetch or self._submit is None:
+        if not self.enabled or self._submit is None:
             return
         # (the forms ``consider`` asks of a unit with no boundary, before its steps are timed)
         kept = self._kept(key, self._ordered(key, None, multistep.VERDICTS.step_s(key)))
+        fits = self.call_fits
+        if fits is not None:
+            verdicts = multistep.VERDICTS
+            kept = [f for f in kept if (v := verdicts.get(key, f)) is not None and fits(v)]
         if kept and not begun(kept[0]):
             form = kept[0]
             try:
