@@ -4,9 +4,9 @@ A long low-priority job runs; after it has run ``--warm`` steps a short high-pri
 submitted (under ``priority``), or a short job (under ``srtf``). Measured, per repeat: from the
 urgent job's admission (its ``started_s`` on the runtime's clock) to the begin of its first step
 (the FFI fence on the device, or the host's dispatch time without fences), in units of the long
-job's median step time and of the quantum (``xshare.sched.steps.QUANTUM_S``: the device time the
-calls in flight may take under a preemptive policy), and how many steps of the long job began in
-that interval. Target (issues #24, #32): within one step time, or within the quantum where the
+job's median step time and of the policy's quantum (``Policy.quantum_s``, ``xshare.sched.steps``:
+the device time the calls in flight may take under a preemptive policy), and how many steps of
+the long job began in that interval. Target (issues #24, #32): within one step time, or within the quantum where the
 long job runs several steps per call. Both clocks are CLOCK_MONOTONIC.
 
     python -m benchmarks.preemption [--repeats 7] [--smoke] [--out DIR]
@@ -82,7 +82,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  repeat {rep + 1}/{repeats} {policy}: {1e3 * r['latency_s']:.2f} ms = "
                   f"{r['latency_steps']:.2f} steps ({r['long_steps_between']} long steps began)", flush=True)
     info["load_avg_end"] = H._load()
+    from xshare.sched import get_policy
     from xshare.sched.steps import QUANTUM_S
+
+    def quantum(policy: str) -> float:  # (each preemptive policy's own: Policy.quantum_s)
+        return float(getattr(get_policy(policy), "quantum_s", QUANTUM_S))
 
     columns = ["policy", "median latency ms", "max latency ms", "median step ms", "median latency / step",
                "max latency / step", "median latency / quantum", "long job's K (max)",
@@ -91,14 +95,15 @@ def main(argv: list[str] | None = None) -> int:
     for policy, rs in runs.items():
         rows.append([policy, 1e3 * H.median(r["latency_s"] for r in rs), 1e3 * max(r["latency_s"] for r in rs),
                      1e3 * H.median(r["step_s"] for r in rs), H.median(r["latency_steps"] for r in rs),
-                     max(r["latency_steps"] for r in rs), H.median(r["latency_s"] for r in rs) / QUANTUM_S,
+                     max(r["latency_steps"] for r in rs), H.median(r["latency_s"] for r in rs) / quantum(policy),
                      max(r["long_k"] for r in rs), max(r["long_steps_between"] for r in rs)])
     notes = f"""
 A long job ({long_steps} steps of a {DIM}x{DIM} matmul step) runs alone; after {args.warm} of its
 steps an urgent job arrives: priority 10 under `priority`, a 5-step job under `srtf`. Latency:
 from the urgent job's admission (`started_s`, the runtime's clock) to the begin of its first
 step ({'FFI fences' if runs['priority'] and runs['priority'][0]['fenced'] else 'host dispatch times'}),
-against the long job's median step time and the quantum ({1e3 * QUANTUM_S:g} ms); {repeats} repeat(s),
+against the long job's median step time and the policy's quantum (priority {1e3 * quantum("priority"):g} ms,
+srtf {1e3 * quantum("srtf"):g} ms: `Policy.quantum_s`); {repeats} repeat(s),
 the policies alternating. "long job's K": the most steps one call of the long job ran.
 Target (issues #24, #32): latency <= 1 step time, or <= the quantum where the long job runs
 several steps per call (a call in flight is not preempted; it takes at most about the quantum's
