@@ -47,8 +47,8 @@ QUANTUM_S = 8e-3
 # checked), and K=8 calls were shorter than the host's work between them (its batches are made
 # 16 at a time, ~3 ms a block): the device idled every other call, the w128 jobs ran 45-60%
 # slower than under fifo's K=16, srtf's makespan was 1.2x fifo's, and srtf reached 66-74% of
-# its zero-overhead oracle. At 16 ms it runs fifo's forms, the makespans match, and it reached
-# 94% (86-95) in the same hour (benchmarks/RESULTS.md).
+# its zero-overhead oracle. At 16 ms it runs fifo's forms, its makespan came within 2-12% of
+# fifo's, and it reached 94%, 89% and 77% in three runs in the same hours (benchmarks/RESULTS.md).
 SRTF_QUANTUM_S = 16e-3
 
 
