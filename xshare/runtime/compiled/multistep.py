@@ -18,6 +18,7 @@ the single step's program key, K and the form, like every other program.
 
 from __future__ import annotations
 
+import itertools
 import math
 import warnings
 from dataclasses import dataclass
@@ -283,29 +284,31 @@ class Verdicts:
 
     def __init__(self) -> None:
         self._table: JsonTable[tuple[str, Form], Verdict] = JsonTable(FILE, _decode, _encode)
-        # Bumped by every change: what a reader derives from a program's verdicts is current
+        # A new value at every change: what a reader derives from a program's verdicts is current
         # while this is (``MultiCalls.form_step_s`` asks per unit at every policy decision, and
-        # the machine's table holds every program it ever checked).
+        # the machine's table holds every program it ever checked). From a counter, not ``+= 1``:
+        # checks on two threads may put at once, and ``next`` on a count is one step under the GIL.
+        self._versions = itertools.count(1)
         self.version = 0
 
     def persist(self, directory: str | None) -> None:
         """Read and from now on write the verdicts in ``directory`` (None: in memory only)."""
         self._table.persist(directory)
-        self.version += 1
+        self.version = next(self._versions)
 
     def get(self, program_key: str, form: Form) -> Verdict | None:
         return self._table.get((program_key, form))
 
     def put(self, program_key: str, verdict: Verdict) -> None:
         self._table.put((program_key, verdict.form), verdict)
-        self.version += 1
+        self.version = next(self._versions)
 
     def of(self, program_key: str) -> list[Verdict]:
         return [v for (key, _), v in self._table.items() if key == program_key]
 
     def clear(self) -> None:
         self._table.clear()
-        self.version += 1
+        self.version = next(self._versions)
 
     def step_s(self, program_key: str) -> float | None:
         """The program's one-step time as its checks measured it (the fastest; None: never
