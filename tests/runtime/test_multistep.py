@@ -361,7 +361,8 @@ def test_under_srtf_a_kept_form_that_fits_a_call_is_weighed_at_the_first_turn(mo
                             units=SimpleNamespace(running={}), timeline=SimpleNamespace(host_gap_s=None),
                             tiers=SimpleNamespace(keeps=lambda v: v.kept, tier=lambda job: "its tier",
                                                   consider=lambda tier, c: weighed.append((c.key, c.step_s))),
-                            period=lambda job, step_s=None: None)
+                            period=lambda job, step_s=None: None, _paces={})
+    calls.fastest_pace = lambda key: MultiCalls.fastest_pace(calls, key)
     for key in ("fits", "long"):
         job = SimpleNamespace(is_group=False, group=None, program=SimpleNamespace(key=key), steps_left=500,
                               steps_done=0, step_times=[], host_gap_s=None)
@@ -767,6 +768,7 @@ def test_a_jobs_form_pace_is_its_fastest_kept_forms_check_with_its_batches(monke
     calls = SimpleNamespace(config=SimpleNamespace(preemptive=False, dispatch_ahead=1, quantum=1, call_quantum_s=8e-3),
                             tiers=SimpleNamespace(keeps=lambda v: v.kept), _fed=lambda unit: fed[0], _paces={},
                             period=lambda unit: getattr(unit, "period", None))
+    calls.fastest_pace = lambda key: MultiCalls.fastest_pace(calls, key)
     pace = lambda unit, data_s=None: MultiCalls.form_step_s(calls, unit, data_s)  # noqa: E731
     job = SimpleNamespace(is_group=False, program=SimpleNamespace(key="p"))
     assert pace(job) == pytest.approx(87e-6)

@@ -10,8 +10,8 @@ the fastest of ``CALLS``, the two sides' calls in turns, plus the measured cost 
 executable call on each side). A group whose step costs each member more than a solo step
 would dissolves there: each member moves to a lane of its own with its state and steps alone
 from its next step (same steps, same batches: its results do not change), provided the arena
-has room for all of them now; otherwise they stay fused. The verdict is kept, so later groups of the program do not open (and ``Runtime.explain``
-says why). ``FuseCheck`` is a part of the engine, given the parts it uses (the executor asks its
+has room for all of them now; otherwise they stay fused. The verdict is kept, so later groups
+of the program do not open (and ``Runtime.explain`` says why). ``FuseCheck`` is a part of the engine, given the parts it uses (the executor asks its
 ``tend`` before a group's step); dispatcher thread only.
 """
 

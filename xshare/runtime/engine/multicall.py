@@ -127,13 +127,7 @@ class MultiCalls:
         program = getattr(unit, "program", None)
         if unit.is_group or program is None:
             return None
-        verdicts = multistep.VERDICTS
-        known = self._paces.get(program.key)
-        if known is None or known[0] != verdicts.version:
-            paces = [v.multi_step_s for v in verdicts.of(program.key) if v.multi_step_s > 0 and self.tiers.keeps(v)
-                     and (not self.config.preemptive or form_fits(self.config, v))]
-            known = self._paces[program.key] = (verdicts.version, min(paces) if paces else None)
-        best = known[1]
+        best = self.fastest_pace(program.key)
         if best is None:
             return None
         period = self.period(unit)
@@ -142,6 +136,19 @@ class MultiCalls:
         if not data_s:
             return best
         return max(best, data_s) if self._fed(unit) else best + data_s
+
+    def fastest_pace(self, program_key: str) -> float | None:
+        """The pace (seconds a step) of the program's fastest kept form that fits a call under
+        this policy (``form_fits``), as its check timed it; None without one. Kept per program
+        until the verdicts change (asked per unit at every policy decision, and at each turn of a
+        preemptive unit not timed yet: the machine's table holds every program it checked)."""
+        verdicts = multistep.VERDICTS
+        known = self._paces.get(program_key)
+        if known is None or known[0] != verdicts.version:
+            paces = [v.multi_step_s for v in verdicts.of(program_key) if v.multi_step_s > 0 and self.tiers.keeps(v)
+                     and (not self.config.preemptive or form_fits(self.config, v))]
+            known = self._paces[program_key] = (verdicts.version, min(paces) if paces else None)
+        return known[1]
 
     def steps_this_call(self, job: JobRecord, available: tuple[int, ...], upto: int = 1) -> int:
         bounds = self.bounds(job)
@@ -211,8 +218,7 @@ class MultiCalls:
             if job.steps_done >= WARM_STEPS:
                 self.timeline.drain()
                 step_s = typical_step_s(job)
-            if step_s is None and job.program is not None and any(
-                    self.tiers.keeps(v) and form_fits(self.config, v) for v in multistep.VERDICTS.of(job.program.key)):
+            if step_s is None and job.program is not None and self.fastest_pace(job.program.key) is not None:
                 # A form this machine kept whose calls fit at its own checked pace: taken at the
                 # first turn (loaded at prepare, ``Tiers.prefetch``), its one-step time the
                 # check's. Weighed only after 8 timed steps, every job of the jct trace ran its
