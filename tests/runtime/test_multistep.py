@@ -597,15 +597,21 @@ def test_a_program_that_ran_here_before_weighs_its_k_step_compile_against_its_la
     assert first.form is None and "less than its compile" in first.note
     assert history.Runs(1, 3000).expected_steps() == 3000
     again = weigh(history.Runs(1, 3000))   # 5992 steps: ~0.34 s, still less
-    assert again.form is None and "~3000 expected of later runs here" in again.note
-    often = weigh(history.Runs(5, 15000))  # three more runs expected: 11992 steps, ~0.67 s
+    assert again.form is None and "~3000 its earlier runs here ran without it" in again.note
+    # Every earlier run's steps count (ski rental's rent paid), not three runs' at most: eight
+    # short runs of 1,000 steps make 10,992 with this one's, ~0.64 s. Counted as three more runs
+    # of the average (3,000), a program rerun at that length never got its form.
+    assert history.Runs(8, 8000).expected_steps() == 8000
+    short_often = weigh(history.Runs(8, 8000))
+    assert short_often.form == Form(32, False) and "~8000 its earlier runs here ran without it" in short_often.note
+    often = weigh(history.Runs(5, 15000))  # 17992 steps, ~1.0 s
     assert often.form == Form(32, False) and "compiling" in often.note
     table = tiers_module.HISTORY
     assert table.get("k") == history.Runs(6, 18000)  # this run counted, once
     tier = next(iter(table._seen["k"].units))
-    assert table.begin("k", tier, 3000) == 9000 and table.get("k") == history.Runs(6, 18000)
+    assert table.begin("k", tier, 3000) == 15000 and table.get("k") == history.Runs(6, 18000)
     other = JobTier()  # another job of the program in this process: its steps count, the run does not again
-    assert table.begin("k", other, 500) == 9000 and table.get("k") == history.Runs(6, 18500)
+    assert table.begin("k", other, 500) == 15000 and table.get("k") == history.Runs(6, 18500)
     reread = history.RunHistory()
     reread.persist(str(tmp_path / "h5"))
     assert reread.get("k") == history.Runs(6, 18500)  # kept beside the compilation cache

@@ -75,7 +75,7 @@ def test_a_group_compile_one_run_cannot_repay_is_weighed_with_the_programs_later
     assert v.weigh("k", 4, 4, 4 * 1500, compile_s=0.5) is None  # 18000 x 70 us = 1.26 s
     table._table.put("k", history.Runs(1, 600))  # one short run before: ~600 more
     why = v.weigh("k", 4, 4, 4 * 1000, compile_s=0.5)  # 4600 x 70 us = 0.32 s
-    assert why is not None and "4000 member steps left and ~600 expected of later runs here save 0.32 s" in why
+    assert why is not None and "4000 member steps left and ~600 its earlier runs here ran without it save 0.32 s" in why
 
 
 def _k16_verdicts(monkeypatch):

@@ -169,7 +169,7 @@ class FusionVerdicts:
         if not fusion_pays(member_steps_left, verdict.solo_step_s, verdict.member_step_s(members), compile_s,
                            later_steps=later):
             saved = (verdict.solo_step_s - verdict.member_step_s(members)) * (member_steps_left + later)
-            over = f"{member_steps_left} member steps left" + (f" and ~{later} expected of later runs here"
+            over = f"{member_steps_left} member steps left" + (f" and ~{later} its earlier runs here ran without it"
                                                                 if later else "")
             return f"fusing would not repay its program's compile: {over} save {saved:.2f} s against a {compile_s:.2f} s compile"
         return None

@@ -195,7 +195,7 @@ class Tiers:
         if c.steps_left is not None:
             own = c.own_steps if c.own_steps is not None else c.steps_done + c.steps_left
             later = HISTORY.begin(c.key, tier, own)
-        over = f"{c.steps_left} steps left" + (f" and ~{later} expected of later runs here" if later else "")
+        over = f"{c.steps_left} steps left" + (f" and ~{later} its earlier runs here ran without it" if later else "")
         # The steps it runs while the form compiles save nothing: one every ``now`` (its own
         # pace; units of the program on other lanes only run more of them meanwhile).
         if promotion_pays(c.steps_left, now, after, estimate, pace_s=now, later_steps=later):
