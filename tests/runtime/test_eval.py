@@ -160,6 +160,58 @@ def test_bind_refuses_bad_eval_arguments(kwargs, message):
         spec("x", **kwargs)
 
 
+def test_a_jobs_evaluation_is_read_while_the_other_jobs_step():
+    """The dispatcher does not wait on one job's evaluation results: another job steps until
+    they are there. The held job's eval_step computes for a while (matmuls on its batch), and
+    the busy job keeps reporting steps through ``on_metrics`` meanwhile (the dispatcher retires
+    them): no gap between two of its reports comes near the evaluation's length. Read at once,
+    as before, the dispatcher sat in that host sync: a gap as long as the evaluation."""
+    import threading
+    import time
+
+    w = jnp.asarray(np.random.default_rng(0).normal(size=(512, 512)) / 24.0, jnp.float32)
+
+    def heavy_eval(state, batch):
+        m = jax.lax.fori_loop(0, 60, lambda i, m: jnp.tanh(m @ w), w * batch["x"][0, 0])
+        return {"n": state["n"].astype(jnp.float32) + 0.0 * m[0, 0]}
+
+    probe = jax.jit(heavy_eval)
+    jax.block_until_ready(probe(linreg_state(), VAL[0]))
+    t = time.monotonic()
+    jax.block_until_ready(probe(linreg_state(), VAL[0]))
+    eval_s = time.monotonic() - t  # one evaluation, alone
+
+    reports: list[float] = []
+    lock = threading.Lock()
+
+    def seen(step, metrics):
+        with lock:
+            reports.append(time.monotonic())
+        return False
+
+    held = linreg_step.bind(linreg_state(seed=0), linreg_data(seed=0), steps=30, name="held",
+                            eval_step=heavy_eval, eval_data=VAL[:1], eval_every=10)
+    busy = linreg_step.bind(linreg_state(seed=1), linreg_data(seed=1), steps=1_000_000, name="busy").replace(
+        on_metrics=seen, on_metrics_every=1)
+    with xshare.Runtime(policy="pack", memory="256MiB") as rt:
+        b = rt.submit(busy)
+        while b.progress().steps_done < 20:
+            time.sleep(0.005)
+        h = rt.submit(held)
+        while h.status() not in ("done", "failed", "cancelled"):
+            time.sleep(0.01)
+        t_end = time.monotonic()
+        b.cancel()
+        rt.wait()
+    assert h.status() == "done", h.error
+    assert h.progress().metrics["eval/n"] == 30
+    with lock:
+        during = [r for r in reports if r <= t_end][-400:]
+    gaps = np.diff(during)
+    assert eval_s > 0.05 and len(gaps) > 20, (eval_s, len(gaps))
+    assert gaps.max() < eval_s / 2, (gaps.max(), eval_s)
+
+
 def test_fused_members_share_one_vmapped_evaluation(tmp_path):
     from xshare.runtime.engine import evaluation
 
@@ -186,4 +238,45 @@ def test_fused_members_share_one_vmapped_evaluation(tmp_path):
         ra = [r for r in rows(tmp_path / "a", f"v{i}") if "eval/mse" in r]
         rb = [r for r in rows(tmp_path / "b", f"v{i}") if "eval/mse" in r]
         assert [r["step"] for r in rb] == EVAL_AT and [r["eval/n"] for r in rb] == [s + 1 for s in EVAL_AT]
+        np.testing.assert_allclose([r["eval/mse"] for r in rb], [r["eval/mse"] for r in ra], rtol=1e-5)
+
+
+def test_a_fused_member_that_owes_its_evaluation_alone_runs_the_vmapped_pass(tmp_path):
+    """A study's trials join their group at different steps, so their evaluations seldom fall
+    together: a member owing one alone runs the vmapped pass over its group's stack too, not a
+    copy of the whole stack to the host after every group step in flight. Members evaluated
+    every 4 and every 6 steps meet only at 12 and at the end."""
+    from xshare.runtime.compiled import eval_programs
+    from xshare.runtime.engine import evaluation
+
+    everies = (4, 6)
+
+    def run(log):
+        specs = [spec(f"w{i}", seed=i, eval_every=every) for i, every in enumerate(everies)]
+        with xshare.Runtime(policy="pack", memory="256MiB", log_dir=log, fuse="always") as rt:
+            handles = rt.submit_many(specs)
+            rt.wait()
+        return handles
+
+    first = run(tmp_path / "a")  # (its vmapped eval compiles in the background meanwhile)
+    import time
+    futures = [f for p in eval_programs._MEMO[linreg_eval].values() for f in p._stacked.values()]
+    deadline = time.monotonic() + 120
+    while futures and not all(f.done() for f in futures) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert futures and all(f.exception() is None for f in futures)
+    before = evaluation.group_passes
+    second = run(tmp_path / "b")
+    at = {every: [s for s in range(STEPS) if (s + 1) % every == 0 or s == STEPS - 1] for every in everies}
+    # one pass per evaluation step of either member, the shared ones once (12 and the end); the
+    # first evaluation may come before the group's first step (its stack still on the host)
+    passes = len(set(at[4]) | set(at[6]))
+    assert evaluation.group_passes - before >= passes - 1, (evaluation.group_passes - before, passes)
+    for i, every in enumerate(everies):
+        a, b = first[i], second[i]
+        assert b.status() == "done", b.error
+        assert_trees_equal(a.result()[0], b.result()[0])
+        rb = [r for r in rows(tmp_path / "b", f"w{i}") if "eval/mse" in r]
+        ra = [r for r in rows(tmp_path / "a", f"w{i}") if "eval/mse" in r]
+        assert [r["step"] for r in rb] == at[every] and [r["eval/n"] for r in rb] == [s + 1 for s in at[every]]
         np.testing.assert_allclose([r["eval/mse"] for r in rb], [r["eval/mse"] for r in ra], rtol=1e-5)

@@ -14,14 +14,15 @@ from . import fakes
 
 
 def planner(policy: Any, *jobs: Any, ready: Any = None, owes: Any = None, quantum: int = 1,
-            lane: int = 0) -> tuple[Planner, Units, fakes.Timeline]:
+            lane: int = 0, waits: Any = None) -> tuple[Planner, Units, fakes.Timeline]:
     units, timeline = Units(), fakes.Timeline()
     for j in jobs:
         j.lane = lane
         units.jobs[j.id] = j
         units.run(j)
     p = Planner(units, policy, timeline, quantum=quantum, slots=1, t0=0.0, clock=lambda: 5.0,
-                ready=ready or (lambda unit, make: True), owes=owes or (lambda unit: None))
+                ready=ready or (lambda unit, make: True), owes=owes or (lambda unit: None),
+                waits=waits or (lambda unit: False))
     return p, units, timeline
 
 
@@ -172,6 +173,20 @@ def test_a_unit_owing_an_evaluation_is_ready_without_a_train_batch_and_stays_in_
     units.evaluating[a.id] = a
     pick = p.next()
     assert pick is not None and pick.unit is a
+
+
+def test_a_unit_waiting_for_its_evaluations_results_takes_no_turn_while_the_others_step():
+    """Its next step must not pass an evaluation whose result ``on_metrics`` may act on, and the
+    dispatcher must not sit in a host sync for it either: the other units step meanwhile."""
+    a, b = fakes.job("a", steps=100, arrival=1.0), fakes.job("b", steps=100, arrival=2.0)
+    p, units, _ = planner(sched.Pack(), a, b, waits=lambda u: u.id in units.reading)
+    units.reading[a.id] = "its results"
+    assert walk(p, 4) == ["b", "b", "b", "b"]
+    del units.reading[a.id]
+    assert "a" in walk(p, 4)
+    p, units, _ = planner(sched.Fifo(), a, b, waits=lambda u: u.id in units.reading)
+    units.reading[a.id] = "its results"
+    assert p.next() is None  # exclusive: the chosen job waits (the dispatcher reads its results)
 
 
 def test_a_timed_policy_makes_the_device_times_current_before_each_decision():

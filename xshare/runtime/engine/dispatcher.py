@@ -107,7 +107,8 @@ class Dispatcher:
         self.rows = MetricsRows(recorder, enabled=recorder.log_dir is not None)
         self.planner = Planner(units, policy, timeline, quantum=config.quantum, slots=config.slots,
                                t0=t0, clock=clock, ready=self.feeding.ready,
-                               owes=functools.partial(evaluation.owes, units))
+                               owes=functools.partial(evaluation.owes, units),
+                               waits=functools.partial(evaluation.waits, units))
         self.admission = Admission(units, arena, Placer(device, ring), recorder,
                                    capacity_source=capacity_source,
                                    staging=self.config.prefetch + self.config.dispatch_ahead, t0=t0, clock=clock,
@@ -196,6 +197,10 @@ class Dispatcher:
                     self.life.abort(job, f"the runtime's dispatcher failed: {short_error(err)}", err)
 
     def _iterate(self) -> None:
+        if self.units.reading:
+            # Evaluations whose results have reached the host, before the events: an
+            # ``on_metrics`` hook that stops its job posts the cancel this iteration applies.
+            evaluation.poll(self.executor)
         if self._events:
             self._apply_events()
             if self._exit:
@@ -213,6 +218,9 @@ class Dispatcher:
             return
         if self._inflight:
             self._retire()
+            return
+        if self.units.reading:  # nothing else can run: wait for the oldest evaluation's results
+            evaluation.poll(self.executor, block=True)
             return
         self.rows.flush()
         self._idle = True

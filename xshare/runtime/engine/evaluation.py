@@ -10,25 +10,37 @@ Scheduling: after the step that completes a multiple of K steps, and after the l
 job *owes* an evaluation. While it does, each turn the policy gives the job (or its fusion
 group) runs one eval batch instead of a train step, so other jobs interleave between eval
 batches exactly as between steps, and the batches are counted in the job's device time. When
-the last eval batch has run, its metrics are read (one host sync per evaluation, not per batch)
-and their mean over the batches (unweighted) is recorded as ``eval/<name>``: in the job's
+the last eval batch is dispatched, its metrics are on their way to the host (``Units.reading``):
+the job (or its group) takes no turn until they are there, while every other unit steps on, and
+the dispatcher reads them as soon as they are ready (``poll``; it waits on the oldest only when
+nothing else can run). Read at once instead, every evaluation was a host sync of the dispatcher
+behind the steps in flight before it: a 64-trial digits study under ``fuse=True`` spent ~1.9 s
+of its dispatcher's time there (and 2.0 s more taking lone members' states out of their groups'
+stacks, below), the other groups idle. Their mean over the batches (unweighted) is recorded as
+``eval/<name>``: in the job's
 ``progress().metrics`` and the status document (so ``xshare top`` and ``/metrics``), as its own
 row in ``metrics.jsonl`` (``step`` = the train step it follows), and through ``on_metrics``.
 
 Fused members: when several members of a group owe an evaluation (a lockstep sweep owes them
 at the same step) and share the eval function and equal-length lists of eval batches, one pass
 of the *vmapped* eval program over the group's stack evaluates them all, each slot on its own
-member's batches (``_GroupPass``). That program compiles on a thread of its own the first time a
-group of that capacity asks; until then, and for a member that cannot share, the member's
-state is taken out of the stack (one slot copy) and the solo eval executable runs on it. Either
+member's batches (``_GroupPass``). A member that owes one alone (a study's trials join their
+group at different steps, so their evaluations seldom fall together) runs the same pass on its
+own, the other slots computing copies of its batches: taken out of a stack on the device, its
+state cost a copy of the whole stack to the host, after every group step in flight (~17 ms a time
+on the digits study's groups). That program compiles on a thread of its own the first time a
+group of that capacity asks; until then, for a member that cannot share, and while the group's
+stack is still the host copy it was formed in, the member's state is taken out of the stack
+(one slot copy) and the solo eval executable runs on it. Either
 way the group does not step while its members owe evaluations (its turns run their eval
 batches). Like the fused train step, a vmapped evaluation is within float tolerance of the solo
 one, not bit-identical (measured: an 8-job fused sweep evaluated every 25 steps ran 3.8x
 longer than evaluated only at the end member by member, 1.04x with the shared pass).
 
-The engine calls in at five places (``due``, ``owes``, ``run_batch``, ``data_ended``,
-``release``) and keeps ``Units.evaluating`` (job id -> job owing an evaluation), so a runtime
-without evaluations pays one empty-dict test per step. Who owes what is the units' tables
+The engine calls in at seven places (``due``, ``owes``, ``waits``, ``run_batch``, ``poll``,
+``data_ended``, ``release``) and keeps ``Units.evaluating`` (job id -> job owing an evaluation,
+until its result is recorded) and ``Units.reading`` (the passes whose results are on their way),
+so a runtime without evaluations pays one empty-dict test per step. Who owes what is the units' tables
 alone; running eval batches needs a ``Host`` (the executor: the device, the lifecycle, the
 metrics rows, and a way to cancel a job at the next step boundary).
 """
@@ -42,6 +54,7 @@ import jax
 import numpy as np
 
 from ..causes import short_error
+from ..compiled import fusion
 from ..compiled.compiler import abstract
 from ..compiled.eval_programs import EvalError, EvalProgram, check_eval, eval_names, eval_program  # noqa: F401 (re-exported)
 from ..compiled.leaves import layout_of
@@ -86,6 +99,7 @@ class Evaluation:
         self.last: dict[str, float] | None = None   # eval/<name> -> value, the newest evaluation
         self.last_step: int | None = None
         self.shared_pass: Any = None      # a fused group's pass this job leads (_GroupPass)
+        self.reading = False              # its pass is dispatched, its results on their way
         self.first = self.program(next(iter(data)))  # compiled beside the train step
 
     def program(self, batch: Any) -> EvalProgram:
@@ -127,18 +141,74 @@ def owes(units: Units, unit: Any) -> Any:
         return None
     members = getattr(unit, "members", None)
     if members is None:
-        return unit if unit.id in evaluating and unit.error is None else None
+        return unit if unit.id in evaluating and unit.error is None and not unit.eval.reading else None
     running: Callable[[int], Any] = units.jobs.get
     for job in members:
         if job.id in evaluating and job.error is None and running(job.id) is job \
-                and job.status == "running":
+                and job.status == "running" and not job.eval.reading:
             return job
     return None
 
 
+def waits(units: Units, unit: Any) -> bool:
+    """Whether ``unit`` (a job or a fusion group) waits for an evaluation's results on their way
+    to the host: it takes no turn until ``poll`` records them (its next step must not pass an
+    evaluation whose result ``on_metrics`` or a study may act on)."""
+    if not units.reading:
+        return False
+    members = getattr(unit, "members", None)
+    if members is None:
+        return unit.id in units.reading
+    reading = units.reading
+    return any(job.id in reading for job in members)
+
+
+def poll(d: Host, *, block: bool = False) -> None:
+    """Record the evaluations whose results have reached the host; with ``block``, the oldest
+    one's whatever its state (the dispatcher has nothing else to run)."""
+    for key, reading in list(d.units.reading.items()):
+        if key not in d.units.reading:
+            continue  # (recorded with a pass read before it: a group pass has several keys)
+        if block or reading.ready():
+            reading.finish(d)
+            if block:
+                return
+
+
+class _Reading:
+    """An evaluation pass whose last batch is dispatched: its results on their way to the host."""
+
+    def __init__(self, jobs: list, acc: list, finish: Callable[[Host], None], host_copy: bool):
+        self.jobs, self.acc, self._finish = jobs, acc, finish
+        if host_copy:  # (off a CPU: the copy starts now; a CPU's arrays are host memory already)
+            for v in acc:
+                v.copy_to_host_async()
+
+    def ready(self) -> bool:
+        for v in self.acc:
+            is_ready = getattr(v, "is_ready", None)  # (a jax.Array's; its type stub lacks it)
+            if is_ready is not None and not is_ready():
+                return False
+        return True
+
+    def finish(self, d: Host) -> None:
+        for job in self.jobs:
+            d.units.reading.pop(job.id, None)
+            if job.eval is not None:
+                job.eval.reading = False
+        self._finish(d)
+
+
+def _read_later(d: Host, jobs: list, acc: list, finish: Callable[[Host], None]) -> None:
+    reading = _Reading(jobs, acc, finish, getattr(d, "host_copy", False))
+    for job in jobs:
+        job.eval.reading = True
+        d.units.reading[job.id] = reading
+
+
 def run_batch(d: Host, job: Any) -> None:
     """One eval batch of ``job``'s owed evaluation (starting the pass if it has not started);
-    after the last batch, read the results and record them."""
+    after the last batch, its results go on their way to the host (``poll`` records them)."""
     ev = job.eval
     step = ev.owed_at
     if job.group is not None and (ev.shared_pass is not None or ev.state is None):
@@ -171,10 +241,12 @@ def run_batch(d: Host, job: Any) -> None:
                         f"{step}: {short_error(err)}", err)
         return
     if ev.next is END:
-        _complete(d, job)
+        _read_later(d, [job], ev.acc, lambda d: _complete(d, job))
 
 
 def _complete(d: Host, job: Any) -> None:
+    if job.eval is None or job.eval.owed_at is None:
+        return  # it ended (or failed) while its results were on their way (``release``)
     ev, step = job.eval, job.eval.owed_at
     names = ev.first.names
     try:
@@ -195,8 +267,9 @@ def _complete(d: Host, job: Any) -> None:
 
 def _end_pass(units: Units, job: Any) -> None:
     ev = job.eval
-    ev.owed_at, ev.state, ev.it, ev.next, ev.acc = None, None, None, END, []
+    ev.owed_at, ev.state, ev.it, ev.next, ev.acc, ev.reading = None, None, None, END, [], False
     units.evaluating.pop(job.id, None)
+    units.reading.pop(job.id, None)
     units.changed = True
 
 
@@ -210,9 +283,10 @@ def release(units: Units, job: Any) -> None:
     """A job ended: drop what its evaluation holds (its last result stays for progress)."""
     ev = job.eval
     units.evaluating.pop(job.id, None)
+    units.reading.pop(job.id, None)
     if ev is not None:
         ev.state = ev.it = ev.data = ev.fn = ev.shared_pass = None
-        ev.acc = []
+        ev.acc, ev.reading, ev.owed_at = [], False, None
 
 
 def notify(d: Host, job: Any, steps_done: int, metrics: dict) -> None:
@@ -240,6 +314,7 @@ class _GroupPass:
 
     def __init__(self, members: list, program: Any, stacked: Any, capacity: int, n: int):
         self.members, self.program, self.stacked = members, program, stacked
+        self.slots = {m.id: m.slot for m in members}  # each member's slot in the stack it reads
         self.capacity, self.n, self.k = capacity, n, 0
         self.acc: list = []
         self.t0 = time.monotonic_ns()
@@ -251,8 +326,11 @@ def _start_group_pass(units: Units, lead: Any) -> bool:
     vmapped program compiled already (else each member is evaluated alone)."""
     group = lead.group
     owing = [m for m in group.members if m.id in units.evaluating and m.error is None and m.eval is not None
-             and m.eval.state is None and m.eval.shared_pass is None and m.eval.fn is lead.eval.fn]
-    if len(owing) < 2:
+             and m.eval.state is None and m.eval.shared_pass is None and not m.eval.reading
+             and m.eval.fn is lead.eval.fn]
+    # One member alone too, once its group has stepped: its state is in a stack on the device,
+    # which taking its slot out of copies whole to the host after every group step in flight.
+    if len(owing) < (1 if not fusion.on_host(list(group.arrays)) else 2):
         return False
     datas = [m.eval.data for m in owing]
     if not all(isinstance(x, (list, tuple)) for x in datas) or len({len(x) for x in datas}) != 1:
@@ -309,18 +387,28 @@ def _group_batch(d: Host, lead: Any) -> None:
     gp.k += 1
     if gp.k < gp.n:
         return
+    _read_later(d, list(gp.members), gp.acc, lambda d: _group_complete(d, gp))
+
+
+def _group_complete(d: Host, gp: _GroupPass) -> None:
+    """A group pass's results are on the host: record each member's. A member that ended while
+    they were on their way is left out; one whose group was repacked meanwhile gets the result
+    of the slot it had (it has not stepped since: its state is the one evaluated)."""
+    members = [m for m in gp.members if not m.terminal and m.eval is not None and m.eval.owed_at is not None]
+    if not members:
+        return
     try:
         values = np.mean(np.stack([np.asarray(v) for v in gp.acc]), axis=0)  # [capacity, M]
     except Exception as err:  # noqa: BLE001
-        for m in gp.members:
+        for m in members:
             m.eval.shared_pass = None
             _failed(d, m, f"its eval_step failed (fused with its group): {short_error(err)}", err)
         return
     t_end = time.monotonic_ns()
-    for m in gp.members:
+    for m in members:
         ev, step = m.eval, m.eval.owed_at
-        m.device_time_s += (t_end - gp.t0) / 1e9 / len(gp.members)
-        ev.last = {f"eval/{n}": float(v) for n, v in zip(gp.program.names, values[m.slot].tolist())}
+        m.device_time_s += (t_end - gp.t0) / 1e9 / len(members)
+        ev.last = {f"eval/{n}": float(v) for n, v in zip(gp.program.names, values[gp.slots[m.id]].tolist())}
         ev.last_step, ev.shared_pass = step, None
         _end_pass(d.units, m)
         d.rows.add(m, step, t_end / 1e9, _NO_VALUES, ev.last)

@@ -46,10 +46,11 @@ class Planner:
     def __init__(self, units: Units, policy: Any, timeline: Any, *, quantum: int, slots: int,
                  t0: float, clock: Callable[[], float],
                  ready: Callable[[Any, bool], bool], owes: Callable[[Any], Any],
-                 form_step_s: Callable[[Any, float | None], float | None] = lambda unit, data_s: None):
+                 form_step_s: Callable[[Any, float | None], float | None] = lambda unit, data_s: None,
+                 waits: Callable[[Any], bool] = lambda unit: False):
         self.units, self.policy, self.timeline = units, policy, timeline
         self.quantum, self.slots, self.t0, self.clock = quantum, slots, t0, clock
-        self.ready, self.owes, self.form_step_s = ready, owes, form_step_s
+        self.ready, self.owes, self.form_step_s, self.waits = ready, owes, form_step_s, waits
         self.state = policy.init()
         self.plan: Plan | None = None
         # Timed policies read device times at each decision: make them current first, and ask
@@ -71,10 +72,18 @@ class Planner:
             # Exclusive policies give the device to the chosen units only: one waiting for its
             # data keeps it (the device idles, as under exclusive allocation).
             return None
+        # The others are only checked (their batches made ahead, or an evaluation owed); but a
+        # unit that waits for its evaluation's results is skipped as if absent, and the next in
+        # the rotation makes its batch as the current one would. Checked only, a job whose
+        # batches are made inline never stepped while another evaluated: under pack the
+        # dispatcher sat waiting for those results after all.
+        make = bool(self.units.reading) and self.waits(unit)
         for li, pos in plan.candidates():
             unit = plan.job_at(li, pos)
-            if self._ready(unit, make=False):
+            if self._ready(unit, make=make):
                 return Pick(unit, li, pos)
+            if make and not self.waits(unit):
+                make = False  # (it was asked to make its batch: the rest are only checked)
         return None
 
     def stepped(self, pick: Pick) -> None:
@@ -83,6 +92,8 @@ class Planner:
         self.plan.stepped(pick.lane, pick.pos)
 
     def _ready(self, unit: Any, *, make: bool) -> bool:
+        if self.units.reading and self.waits(unit):
+            return False  # its evaluation's results are on their way: not past them
         if self.units.evaluating and self.owes(unit) is not None:
             return True  # its turn runs an eval batch: no train batch needed
         return self.ready(unit, make)

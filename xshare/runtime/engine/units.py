@@ -20,6 +20,7 @@ class Units:
         self.running: dict[int, Any] = {}       # RUNNING jobs and groups, by unit id
         self.lane_current: dict[Any, Any] = {}  # the unit whose turn a lane is in
         self.evaluating: dict[int, Any] = {}    # jobs owing an evaluation (evaluation.py)
+        self.reading: dict[int, Any] = {}       # job id -> its evaluation's results on their way
         self.changed = True                     # the running set changed since the last plan
 
     def run(self, unit: Any) -> None:
