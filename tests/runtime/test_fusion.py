@@ -316,7 +316,9 @@ def test_slot_moves_give_the_same_stack_on_the_host_on_the_device_and_while_comp
     monkeypatch.undo()
     fusion._cache.clear()
     numpy_moves = fusion.fused_program(program, 4, device, fenced=False, prefetch=1)
-    assert numpy_moves.moves is None  # (CPU, a stack of a few bytes)
+    assert numpy_moves.moves is None and numpy_moves.rent is not None  # (CPU, a stack of a few bytes)
+    # (none of its host moves paid for yet: the compiled ones, kept by ``ready`` above, not loaded)
+    numpy_moves = dataclasses.replace(numpy_moves, rent=fusion.HostMoves(lambda: None, kept=False))
     one = [np.full(x.shape, 7, x.dtype) for x in jax.tree.leaves(state)]
 
     host = fusion.put(ready, fusion.host_stack(program, 4), one, 2)
@@ -329,6 +331,48 @@ def test_slot_moves_give_the_same_stack_on_the_host_on_the_device_and_while_comp
         for fused in (ready, compiling, numpy_moves):
             assert_trees_equal(fusion.take(fused, stack, 2), one)
             assert all(float(np.abs(np.asarray(x)).max()) == 0 for x in fusion.take(fused, stack, 1))
+
+
+def test_host_moves_of_a_stack_on_the_device_pay_for_compiled_moves_and_kept_ones_load_at_once(monkeypatch, tmp_path):
+    """Ski rental for a CPU group's slot moves: each move of a stack on the device through the
+    host (a copy of the whole stack behind the group calls in flight) is timed; once they have
+    cost what compiling the moves would, those compile and take over (the stack stays on the
+    device, the same values); a later group of the program on this machine loads them at once."""
+    from xshare.runtime.compiled import fusion
+    from xshare.runtime.compiled.compiler import PROGRAMS
+    from xshare.runtime.compiled.executables import EXECUTABLES
+
+    monkeypatch.setattr(EXECUTABLES, "directory", tmp_path / "executables")
+    monkeypatch.setattr(fusion, "MOVES_COMPILE_S", 0.0)  # the first timed host move pays for them
+    device = jax.devices()[0]
+    state, data = linreg_state(seed=3), linreg_data()
+    program = PROGRAMS.get(linreg_step, state, data(0), device=device, fenced=False, compile=False)
+    fusion._cache.clear()
+    fused = fusion.fused_program(program, 8, device, fenced=False, prefetch=1)
+    assert fused.moves is None and fused.rent.moves is None  # nothing kept yet, nothing paid
+    one = [np.full(x.shape, 5, x.dtype) for x in jax.tree.leaves(state)]
+    formed = fusion.put(fused, fusion.host_stack(program, 8), one, 3)
+    assert fusion.on_host(formed) and fused.rent.moves is None  # (a host stack: no sync to pay for)
+    stepped = jax.device_put(formed, device)
+    through_host = fusion.put(fused, stepped, one, 5)
+    assert fusion.on_host(through_host) and fused.rent.spent_s > 0 and fused.rent.moves is not None
+    fused.rent.moves.result(timeout=120)
+    compiled = fusion.put(fused, jax.device_put(formed, device), one, 5)
+    assert not fusion.on_host(compiled)  # the compiled put: the stack stays on the device
+    for stack in (through_host, compiled):
+        assert_trees_equal(fusion.take(fused, stack, 5), one)
+        assert_trees_equal(fusion.take(fused, stack, 3), one)
+        assert all(float(np.abs(np.asarray(x)).max()) == 0 for x in fusion.take(fused, stack, 0))
+    import time
+    deadline = time.monotonic() + 60  # (kept on a thread of their own)
+    while not fusion._moves_kept(program.key, 8, device, fusion.tree_nbytes(fusion._group_args(program, 8, device, False)[0])) \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
+    fusion._cache.clear()
+    again = fusion.fused_program(program, 8, device, fenced=False, prefetch=1)
+    assert again.rent.moves is not None  # kept on this machine: loading from the start, nothing paid
+    again.rent.moves.result(timeout=60)
+    assert not fusion.on_host(fusion.put(again, jax.device_put(formed, device), one, 6))
 
 
 def test_a_process_that_exits_while_slot_moves_compile_exits_cleanly():

@@ -103,6 +103,12 @@ class Executables:
             return False
         return (directory / f"{self.key(*parts, fenced, _ffi_sources(fenced), device=device)}.xla").exists()
 
+    def has(self, key: str, nbytes: int) -> bool:
+        """Whether ``compile(key, ...)`` of an executable of ``nbytes`` would load a kept one
+        (its file is there; the trial call still decides when it loads)."""
+        directory = self.directory if nbytes <= TRIAL_BYTES else None
+        return directory is not None and (directory / f"{key}.xla").exists()
+
     def compile(self, key: str, lower: Callable[[], Any], *, device: Any, nbytes: int,
                 trial: Callable[[Any], Any]) -> tuple[Any, float, bool]:
         """``(compiled, seconds, loaded)``: the kept executable for ``key`` if there is one and

@@ -18,6 +18,7 @@ One compiled executable per (program, capacity, fenced), cached process-wide lik
 from __future__ import annotations
 
 import threading
+import time
 import warnings
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ class FusedProgram:
     moves: Future | None   # -> (put, take): (stacked, one slot's leaves, slot) -> stacked; (stacked, slot) -> leaves
     #                        (None: slots move through host memory, see ``host_moves``)
     compile_s: float       # what compiling the step cost (to judge whether a shrink pays)
+    rent: "HostMoves | None" = None  # where slots move through host memory: when to stop (``HostMoves``)
 
 
 # On a CPU device a stack up to this size moves its slots through numpy (the device's memory is
@@ -52,6 +54,51 @@ class FusedProgram:
 # compile (~0.26 s of XLA for a Flax TrainState's 16 leaves at 8 slots, ~0.5 s beside a running
 # group on 2 cores) cost a cold fused run more than every move it makes.
 HOST_MOVES_BYTES = 64 << 20
+# What compiled moves are taken to cost (their compile beside a running group on 2 cores): host
+# moves of a stack on the device that have cost this much pay for compiling them (``HostMoves``).
+MOVES_COMPILE_S = 0.3
+
+
+class HostMoves:
+    """A group whose slots move through host memory (``host_moves``), and when to stop: ski
+    rental's rule again. A move of a stack that is still the host copy it was formed in costs
+    microseconds; once the group has stepped, its stack is on the device and each move copies
+    all of it to the host behind every group call in flight (8-10 ms a move on the digits study's
+    groups, 83 of them: ~0.7 s of its dispatcher's time, no group stepping meanwhile). Those
+    moves are measured, and once they have cost what compiling the moves would
+    (``MOVES_COMPILE_S``), the moves compile on a thread of their own and are used once ready;
+    kept whole beside the cache like the group program, so where this machine compiled them
+    before they load at once (a few ms) and no move goes through the host."""
+
+    def __init__(self, build: Any, kept: bool):
+        self._build = build
+        self.spent_s = 0.0
+        self.moves: Future | None = None
+        self._lock = threading.Lock()
+        if kept:
+            self.start()
+
+    def start(self) -> None:
+        with self._lock:
+            if self.moves is not None:
+                return
+            self.moves = Future()
+        # (not a daemon, as for the moves compiled at once: see ``fused_program``)
+        threading.Thread(target=_compile_into, name="xshare-compile-moves", daemon=False,
+                         args=(self.moves, self._build)).start()
+
+    def paid(self, seconds: float) -> None:
+        """A move of a stack on the device went through the host and took ``seconds``."""
+        self.spent_s += seconds
+        if self.spent_s >= MOVES_COMPILE_S and self.moves is None:
+            self.start()
+
+    def ready(self) -> Any:
+        """The compiled (put, take), or None while they are not (or could not be) built."""
+        moves = self.moves
+        if moves is None or not moves.done() or moves.exception() is not None:
+            return None
+        return moves.result()
 
 _cache: dict[tuple, FusedProgram] = {}
 _lock = threading.Lock()
@@ -101,12 +148,16 @@ def fused_program(program: CompiledStep, capacity: int, device: Any, *, fenced: 
         one = [jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding)
                for s in jax.tree.leaves(program.state_struct)]
         moves: Future | None = None
+        rent: HostMoves | None = None
+        build = lambda: _moves(program.key, capacity, states, one, slot, device)  # noqa: E731
         if not host_moves(device, tree_nbytes(states)):
             moves = Future()
             # Not a daemon: a process that ends while XLA compiles on a daemon thread aborts in
             # C++ at exit ("FATAL: exception not rethrown"); exit waits for this instead (< 1 s).
             threading.Thread(target=_compile_into, name="xshare-compile-moves", daemon=False,
-                             args=(moves, lambda: _moves(program.key, capacity, states, one, slot, device))).start()
+                             args=(moves, build)).start()
+        else:
+            rent = HostMoves(build, kept=_moves_kept(program.key, capacity, device, tree_nbytes(states)))
         from .compiler import PROGRAMS
         # One ledger of compiles per process; like a hit in XLA's persistent cache, a kept
         # executable's load counts as its program's compile (Runtime.compiles: programs built).
@@ -118,7 +169,7 @@ def fused_program(program: CompiledStep, capacity: int, device: Any, *, fenced: 
                                      batch_bytes=batch_bytes, prefetch=prefetch + depth, job="fused group",
                                      hlo=compiled.as_text)
         from .compiler import _flops
-        out = FusedProgram(compiled, capacity, fp, _flops(compiled), moves, seconds)
+        out = FusedProgram(compiled, capacity, fp, _flops(compiled), moves, seconds, rent)
         _cache[key] = out
         return out
 
@@ -163,6 +214,12 @@ def _moves(program_key: str, capacity: int, states: list, one: list, slot: Any, 
     return put, take
 
 
+def _moves_kept(program_key: str, capacity: int, device: Any, nbytes: int) -> bool:
+    """Whether this machine kept the slot moves of ``program_key`` at ``capacity`` (``_moves``)."""
+    return all(EXECUTABLES.has(EXECUTABLES.key(name, program_key, capacity, device=device), nbytes)
+               for name in ("put", "take"))
+
+
 def _compile_into(future: Future, compile_fn: Any) -> None:
     try:
         future.set_result(compile_fn())
@@ -204,10 +261,27 @@ def host_moves(device: Any, stack_bytes: int) -> bool:
 
 def take(fused: FusedProgram, states: list, slot: int) -> list:
     """One slot's state leaves (new arrays: safe from the group's next donation)."""
-    if on_host(states) or fused.moves is None or not fused.moves.done():
-        # (the moves still compiling: one copy of the stack to the host beats waiting for them)
-        return [np.array(x[slot]) for x in jax.device_get(states)]
-    return fused.moves.result()[1](states, np.int32(slot))
+    if not on_host(states):
+        moves = _compiled(fused)
+        if moves is not None:
+            return moves[1](states, np.int32(slot))
+    # (the moves still compiling: one copy of the stack to the host beats waiting for them)
+    t0 = time.perf_counter()
+    out = [np.array(x[slot]) for x in jax.device_get(states)]
+    _paid(fused, states, t0)
+    return out
+
+
+def _compiled(fused: FusedProgram) -> Any:
+    """The group's compiled slot moves (put, take) if they are ready, else None."""
+    if fused.moves is not None:
+        return fused.moves.result() if fused.moves.done() else None
+    return fused.rent.ready() if fused.rent is not None else None
+
+
+def _paid(fused: FusedProgram, states: list, t0: float) -> None:
+    if fused.rent is not None and not on_host(states):
+        fused.rent.paid(time.perf_counter() - t0)
 
 
 def put(fused: FusedProgram, states: list, values: list, slot: int) -> list:
@@ -215,15 +289,17 @@ def put(fused: FusedProgram, states: list, values: list, slot: int) -> list:
     while the moves still compile (a member joins right after its group's first steps), the
     stack comes back to the host rather than the dispatcher waiting for them (as it always
     does where slots move through host memory: ``host_moves``)."""
-    moves = fused.moves
-    if not on_host(states) and (moves is None or not moves.done()):
+    moves = None if on_host(states) else _compiled(fused)
+    if moves is not None:
+        return moves[0](states, jax.device_put(values, states[0].sharding, may_alias=False), np.int32(slot))
+    if not on_host(states):
+        t0 = time.perf_counter()
+        device_states = states
         states = [np.array(x) for x in jax.device_get(states)]
-    if on_host(states) or moves is None:
-        for x, v in zip(states, values):
-            x[slot] = np.asarray(v)
-        return states
-    return moves.result()[0](states, jax.device_put(values, states[0].sharding, may_alias=False),
-                                   np.int32(slot))
+        _paid(fused, device_states, t0)
+    for x, v in zip(states, values):
+        x[slot] = np.asarray(v)
+    return states
 
 
 def cached(program: CompiledStep, capacity: int, *, fenced: bool, prefetch: int, ahead: int = 0,
