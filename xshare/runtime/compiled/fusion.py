@@ -262,7 +262,7 @@ def host_moves(device: Any, stack_bytes: int) -> bool:
 def take(fused: FusedProgram, states: list, slot: int) -> list:
     """One slot's state leaves (new arrays: safe from the group's next donation)."""
     if not on_host(states):
-        moves = _compiled(fused)
+        moves = compiled_moves(fused)
         if moves is not None:
             return moves[1](states, np.int32(slot))
     # (the moves still compiling: one copy of the stack to the host beats waiting for them)
@@ -272,7 +272,7 @@ def take(fused: FusedProgram, states: list, slot: int) -> list:
     return out
 
 
-def _compiled(fused: FusedProgram) -> Any:
+def compiled_moves(fused: FusedProgram) -> Any:
     """The group's compiled slot moves (put, take) if they are ready, else None."""
     if fused.moves is not None:
         return fused.moves.result() if fused.moves.done() else None
@@ -289,7 +289,7 @@ def put(fused: FusedProgram, states: list, values: list, slot: int) -> list:
     while the moves still compile (a member joins right after its group's first steps), the
     stack comes back to the host rather than the dispatcher waiting for them (as it always
     does where slots move through host memory: ``host_moves``)."""
-    moves = None if on_host(states) else _compiled(fused)
+    moves = None if on_host(states) else compiled_moves(fused)
     if moves is not None:
         return moves[0](states, jax.device_put(values, states[0].sharding, may_alias=False), np.int32(slot))
     if not on_host(states):

@@ -26,9 +26,9 @@ at the same step) and share the eval function and equal-length lists of eval bat
 of the *vmapped* eval program over the group's stack evaluates them all, each slot on its own
 member's batches (``_GroupPass``). A member that owes one alone (a study's trials join their
 group at different steps, so their evaluations seldom fall together) runs the same pass on its
-own, the other slots computing copies of its batches: taken out of a stack on the device, its
-state cost a copy of the whole stack to the host, after every group step in flight (~17 ms a time
-on the digits study's groups). That program compiles on a thread of its own the first time a
+own, the other slots computing copies of its batches, where its slot would come out of a stack
+on the device through the host (no compiled slot moves yet): that copied the whole stack after
+every group step in flight (~17 ms a time on the digits study's groups). That program compiles on a thread of its own the first time a
 group of that capacity asks; until then, for a member that cannot share, and while the group's
 stack is still the host copy it was formed in, the member's state is taken out of the stack
 (one slot copy) and the solo eval executable runs on it. Either
@@ -328,9 +328,13 @@ def _start_group_pass(units: Units, lead: Any) -> bool:
     owing = [m for m in group.members if m.id in units.evaluating and m.error is None and m.eval is not None
              and m.eval.state is None and m.eval.shared_pass is None and not m.eval.reading
              and m.eval.fn is lead.eval.fn]
-    # One member alone too, once its group has stepped: its state is in a stack on the device,
-    # which taking its slot out of copies whole to the host after every group step in flight.
-    if len(owing) < (1 if not fusion.on_host(list(group.arrays)) else 2):
+    # One member alone too, once its group has stepped, where its slot would come out through
+    # the host (no compiled slot moves: a CPU group's small stack, ``fusion.HostMoves``): that
+    # copies the whole stack after every group step in flight. With compiled moves its slot
+    # comes out on the device, and its own eval program costs one slot's work, not a stack's.
+    arrays = list(group.arrays)
+    lone = not fusion.on_host(arrays) and fusion.compiled_moves(group.fused) is None
+    if len(owing) < (1 if lone else 2):
         return False
     datas = [m.eval.data for m in owing]
     if not all(isinstance(x, (list, tuple)) for x in datas) or len({len(x) for x in datas}) != 1:
