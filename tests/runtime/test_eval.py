@@ -212,18 +212,22 @@ def test_a_jobs_evaluation_is_read_while_the_other_jobs_step():
     assert gaps.max() < eval_s / 2, (gaps.max(), eval_s)
 
 
-def test_fused_members_share_one_vmapped_evaluation(tmp_path):
+def fused_twice(tmp_path, make_specs):
+    """Run ``make_specs()`` fused twice: the first run compiles the vmapped eval program in the
+    background (waited for here), the second evaluates with it. Returns the two runs' handles
+    and the vmapped passes the second ran."""
+    import time
+
+    from xshare.runtime.compiled import eval_programs
     from xshare.runtime.engine import evaluation
 
     def run(log):
         with xshare.Runtime(policy="pack", memory="256MiB", log_dir=log, fuse="always") as rt:
-            handles = rt.submit_many([spec(f"v{i}", seed=i) for i in range(3)])
+            handles = rt.submit_many(make_specs())
             rt.wait()
         return handles
 
-    first = run(tmp_path / "a")  # (its vmapped eval compiles in the background meanwhile)
-    import time
-    from xshare.runtime.compiled import eval_programs
+    first = run(tmp_path / "a")
     futures = [f for p in eval_programs._MEMO[linreg_eval].values() for f in p._stacked.values()]
     deadline = time.monotonic() + 120
     while futures and not all(f.done() for f in futures) and time.monotonic() < deadline:
@@ -231,14 +235,26 @@ def test_fused_members_share_one_vmapped_evaluation(tmp_path):
     assert futures and all(f.exception() is None for f in futures)
     before = evaluation.group_passes
     second = run(tmp_path / "b")
-    assert evaluation.group_passes >= before + len(EVAL_AT)  # every evaluation shared
+    return first, second, evaluation.group_passes - before
+
+
+def assert_evaluated_alike(tmp_path, first, second, name, at):
+    """The second run's member ``name``: done, the same final state as the first (the state never
+    depends on how it was evaluated), evaluated after exactly the steps ``at`` on the state right
+    after each, within float tolerance of the first run's evaluations."""
+    assert second.status() == "done", second.error
+    assert_trees_equal(first.result()[0], second.result()[0])
+    ra = [r for r in rows(tmp_path / "a", name) if "eval/mse" in r]
+    rb = [r for r in rows(tmp_path / "b", name) if "eval/mse" in r]
+    assert [r["step"] for r in rb] == at and [r["eval/n"] for r in rb] == [s + 1 for s in at]
+    np.testing.assert_allclose([r["eval/mse"] for r in rb], [r["eval/mse"] for r in ra], rtol=1e-5)
+
+
+def test_fused_members_share_one_vmapped_evaluation(tmp_path):
+    first, second, passes = fused_twice(tmp_path, lambda: [spec(f"v{i}", seed=i) for i in range(3)])
+    assert passes >= len(EVAL_AT)  # every evaluation shared
     for i, (a, b) in enumerate(zip(first, second)):
-        assert b.status() == "done", b.error
-        assert_trees_equal(a.result()[0], b.result()[0])  # the state never depends on how it was evaluated
-        ra = [r for r in rows(tmp_path / "a", f"v{i}") if "eval/mse" in r]
-        rb = [r for r in rows(tmp_path / "b", f"v{i}") if "eval/mse" in r]
-        assert [r["step"] for r in rb] == EVAL_AT and [r["eval/n"] for r in rb] == [s + 1 for s in EVAL_AT]
-        np.testing.assert_allclose([r["eval/mse"] for r in rb], [r["eval/mse"] for r in ra], rtol=1e-5)
+        assert_evaluated_alike(tmp_path, a, b, f"v{i}", EVAL_AT)
 
 
 def test_a_fused_member_that_owes_its_evaluation_alone_runs_the_vmapped_pass(tmp_path):
@@ -246,37 +262,13 @@ def test_a_fused_member_that_owes_its_evaluation_alone_runs_the_vmapped_pass(tmp
     together: a member owing one alone runs the vmapped pass over its group's stack too, not a
     copy of the whole stack to the host after every group step in flight. Members evaluated
     every 4 and every 6 steps meet only at 12 and at the end."""
-    from xshare.runtime.compiled import eval_programs
-    from xshare.runtime.engine import evaluation
-
     everies = (4, 6)
-
-    def run(log):
-        specs = [spec(f"w{i}", seed=i, eval_every=every) for i, every in enumerate(everies)]
-        with xshare.Runtime(policy="pack", memory="256MiB", log_dir=log, fuse="always") as rt:
-            handles = rt.submit_many(specs)
-            rt.wait()
-        return handles
-
-    first = run(tmp_path / "a")  # (its vmapped eval compiles in the background meanwhile)
-    import time
-    futures = [f for p in eval_programs._MEMO[linreg_eval].values() for f in p._stacked.values()]
-    deadline = time.monotonic() + 120
-    while futures and not all(f.done() for f in futures) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert futures and all(f.exception() is None for f in futures)
-    before = evaluation.group_passes
-    second = run(tmp_path / "b")
+    first, second, passes = fused_twice(
+        tmp_path, lambda: [spec(f"w{i}", seed=i, eval_every=every) for i, every in enumerate(everies)])
     at = {every: [s for s in range(STEPS) if (s + 1) % every == 0 or s == STEPS - 1] for every in everies}
     # one pass per evaluation step of either member, the shared ones once (12 and the end); the
     # first evaluation may come before the group's first step (its stack still on the host)
-    passes = len(set(at[4]) | set(at[6]))
-    assert evaluation.group_passes - before >= passes - 1, (evaluation.group_passes - before, passes)
+    needed = len(set(at[4]) | set(at[6]))
+    assert passes >= needed - 1, (passes, needed)
     for i, every in enumerate(everies):
-        a, b = first[i], second[i]
-        assert b.status() == "done", b.error
-        assert_trees_equal(a.result()[0], b.result()[0])
-        rb = [r for r in rows(tmp_path / "b", f"w{i}") if "eval/mse" in r]
-        ra = [r for r in rows(tmp_path / "a", f"w{i}") if "eval/mse" in r]
-        assert [r["step"] for r in rb] == at[every] and [r["eval/n"] for r in rb] == [s + 1 for s in at[every]]
-        np.testing.assert_allclose([r["eval/mse"] for r in rb], [r["eval/mse"] for r in ra], rtol=1e-5)
+        assert_evaluated_alike(tmp_path, first[i], second[i], f"w{i}", at[every])

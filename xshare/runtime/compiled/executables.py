@@ -98,10 +98,7 @@ class Executables:
     def has_program(self, parts: tuple, args: list, *, fenced: bool, device: Any) -> bool:
         """Whether ``compile_program(parts, ...)`` would load a kept executable rather than
         compile (its file is there; the trial call still decides when it loads)."""
-        directory = self.directory if tree_nbytes(args[:2]) <= TRIAL_BYTES else None
-        if directory is None:
-            return False
-        return (directory / f"{self.key(*parts, fenced, _ffi_sources(fenced), device=device)}.xla").exists()
+        return self.has(self.key(*parts, fenced, _ffi_sources(fenced), device=device), tree_nbytes(args[:2]))
 
     def has(self, key: str, nbytes: int) -> bool:
         """Whether ``compile(key, ...)`` of an executable of ``nbytes`` would load a kept one
