@@ -107,6 +107,38 @@ def test_an_8_trial_study_ends_each_trial_as_it_should():
             assert pruned_at < BUDGET and pruned_at <= t.user_attrs[ATTR_STEPS] <= pruned_at + EVERY
 
 
+def test_a_pruned_trial_stops_at_the_decision_not_at_its_next_report():
+    """A pruned trial's job stops at the first step it retires after the driver's decision (its
+    hook sees every step's metrics and answers True from then), not at its next evaluation: it
+    trains no report interval past the report that pruned it. Its batches after that report
+    come slowly (5 ms each), so its next report is >= 0.5 s away while the decision takes a few
+    ms; a hook that answered only at reports would let it reach step 200."""
+    import time
+
+    study = optuna.create_study(direction="minimize", sampler=optuna.samplers.RandomSampler(seed=0),
+                                pruner=optuna.pruners.MedianPruner(n_startup_trials=2))
+    for lr in (0.1, 0.08, 0.0):
+        study.enqueue_trial({"lr": lr})
+
+    def objective(trial):
+        lr = trial.suggest_float("lr", 0.0, 0.2)
+        data = linreg_data(seed=0)
+
+        def batches(k):
+            if lr == 0.0 and k > 100:
+                time.sleep(0.005)
+            return data(k)
+
+        state = {"w": jnp.asarray(W0), "lr": jnp.float32(lr)}
+        return sgd_step.bind(state, batches, steps=200, eval_step=mse, eval_data=VAL, eval_every=100)
+
+    xshare.tune.optimize(study, objective, 3, metric="eval/mse", concurrency=1, runtime={"memory": "64MiB"})
+    pruned = study.trials[2]
+    assert [t.state for t in study.trials] == [TS.COMPLETE, TS.COMPLETE, TS.PRUNED]
+    assert pruned.user_attrs[ATTR_PRUNED_AT] == 100 and list(pruned.intermediate_values) == [100]
+    assert 100 <= pruned.user_attrs[ATTR_STEPS] < 200
+
+
 def test_the_first_wave_is_the_pruners_startup_trials():
     """MedianPruner judges nothing until n_startup_trials have completed: a trial started before
     then runs to its end unjudged and stays in the median. So the driver runs only the startup
