@@ -1,4 +1,4 @@
-"""Fused sweeps, side by side: the same N-job learning-rate sweep run seven ways.
+"""Fused sweeps, side by side: the same N-job learning-rate sweep run eight ways.
 
 The jobs: ``xshare.models.mlp:make_job`` (an MLP 32-64-64-10 on batches of 64 from its own
 synthetic teacher data, Adam with the learning rate in state), N learning rates x seeds: one
@@ -12,6 +12,11 @@ program. The ways:
   * scan: a hand-written bound for pack: each job 16 steps per call (``lax.scan`` over 16
     stacked batches, jitted once), the jobs taking turns from one thread, each on an execution
     stream of its own (what the runtime's K-step forms and lanes do, with none of its work);
+  * vmap-scan: a hand-written bound for fused: the jobs in one group per core (two here), each
+    group's states stacked and 16 steps of the vmapped step per call, the groups taking turns
+    from one thread on streams of their own (the runtime's fused K-step form and lanes, with
+    none of its work); with ``--cache machine`` its compile loads from JAX's persistent cache
+    (a directory of its own), as the runtime's programs load from the machine's;
   * processes: one Python process per job, all at once (how a device is shared today);
     only for N <= 8: 32 processes of JAX do not fit this machine's memory and cores.
 
@@ -120,6 +125,13 @@ def _child(kind: str, n: int, steps: int) -> dict:
 
     if kind.startswith(("naive", "inject")):
         return _child_naive(kind, n, steps)
+    hand_cache = os.environ.get("XSHARE_FUSION_HAND_CACHE")
+    if kind == "vmap-scan" and hand_cache:
+        # --cache machine: the bound loads its compile from JAX's persistent cache, as the
+        # runtime loads its programs from its own (before any compile: the cache opens once)
+        jax.config.update("jax_compilation_cache_dir", hand_cache)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
     specs = _specs(n, steps)
     jax.block_until_ready([s.state for s in specs])
     extra: dict = {}
@@ -153,6 +165,24 @@ def _child(kind: str, n: int, steps: int) -> dict:
                 batches = [spec.data(k) for k in range(start, min(start + 16, steps))]
                 with xla_client.execution_stream_id(1 + i):
                     states[i], _ = f(states[i], jax.tree.map(lambda *xs: np.stack(xs), *batches))
+        finals = jax.device_get(states)
+    elif kind == "vmap-scan":
+        # The hand-written bound for fused: what the runtime's fused K-step form and lanes run,
+        # with none of its work: the jobs in one group per core (as the runtime's groups on a
+        # CPU), each group's states stacked, K=16 steps of the vmapped step per call (a scan
+        # over stacked batches), the groups taking turns from one thread, each on an execution
+        # stream of its own.
+        from jaxlib import xla_client
+        step = specs[0].fn
+        f = jax.jit(lambda s, bs: jax.lax.scan(jax.vmap(step), s, bs), donate_argnums=0)
+        groups = [specs[g::min(2, n)] for g in range(min(2, n))]
+        states = [jax.tree.map(lambda *xs: jax.numpy.stack(xs), *[m.state for m in members]) for members in groups]
+        for start in range(0, steps, 16):
+            for g, members in enumerate(groups):
+                rows = [jax.tree.map(lambda *xs: np.stack(xs), *[m.data(k) for m in members])
+                        for k in range(start, min(start + 16, steps))]
+                with xla_client.execution_stream_id(1 + g):
+                    states[g], _ = f(states[g], jax.tree.map(lambda *xs: np.stack(xs), *rows))
         finals = jax.device_get(states)
     elif kind == "arrivals":
         import xshare
@@ -233,7 +263,9 @@ def _child_naive(kind: str, n: int, steps: int) -> dict:
 def _spawn(kind: str, n: int, steps: int) -> dict:
     from benchmarks.caches import child_env
 
-    with child_env(CACHE) as env:
+    hand = ({"XSHARE_FUSION_HAND_CACHE": str(Path.home() / ".cache" / "xshare-bench" / "fusion-hand-jax-cache")}
+            if CACHE == "machine" else {})
+    with child_env(CACHE, **hand) as env:
         out = subprocess.run([sys.executable, __file__, "--child", json.dumps([kind, n, steps])],
                              capture_output=True, text=True, env=env, cwd=ROOT, timeout=3600)
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("@@")]
@@ -279,7 +311,7 @@ def main(argv: list[str]) -> int:
         return _main_naive(args, h)
     rows, raw = [], []
     for n in [int(x) for x in args.ns.split(",")]:
-        configs = {k: (lambda k=k, n=n: _spawn(k, n, args.steps)) for k in ("plain", "pack", "pack-one-stream", "fused", "vmap", "scan")}
+        configs = {k: (lambda k=k, n=n: _spawn(k, n, args.steps)) for k in ("plain", "pack", "pack-one-stream", "fused", "vmap", "scan", "vmap-scan")}
         if n <= 8 and args.data == "teacher":  # (processes always make their own data)
             configs["processes"] = lambda n=n: _processes(n, args.steps)
         runs = h.alternate(configs, args.repeats)
@@ -298,7 +330,7 @@ def main(argv: list[str]) -> int:
                      f"{100 * h.median(r['fused_fraction'] for r in arrivals):.0f}% of steps fused"])
         print(h.markdown_table(COLUMNS, [r for r in rows if r[0] == n]), flush=True)
     name = "fusion" if args.data == "teacher" else f"fusion_{args.data}"
-    h.write_results(name + ("" if args.cache == "fresh" else f"_{args.cache}"), args.out, title="Fused sweeps: plain loop, xshare pack (lanes side by side, one stream), fused, hand vmap, hand K=16 scan, processes",
+    h.write_results(name + ("" if args.cache == "fresh" else f"_{args.cache}"), args.out, title="Fused sweeps: plain loop, xshare pack (lanes side by side, one stream), fused, hand vmap, hand K=16 scan, hand vmap x K=16 scan, processes",
                     columns=COLUMNS, rows=rows, machine_info=h.machine(), smoke=args.smoke,
                     config={"ns": args.ns, "steps": args.steps, "repeats": args.repeats, "entry": ENTRY,
                             "data": args.data, "cache": args.cache},
