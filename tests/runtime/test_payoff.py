@@ -4,6 +4,7 @@ measured to lose dissolves with its members' work intact."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import flax.linen as nn
 import jax
@@ -197,6 +198,51 @@ def test_both_sides_are_carried_to_the_same_k_not_to_the_check_with_the_smallest
     assert judged.pays(4) and v.weigh("zoo", 4, 4, None, 0.0) is None
 
 
+def test_a_verdict_timed_at_k_decides_over_the_one_carried_to_k(monkeypatch):
+    """The carried estimate starts from the noisiest timings (one step a call: mostly the call's
+    host cost). A first run's zoo sweep was judged, carried, to lose 58 us a member fused against
+    53 alone, and ran unfused from then on, 1.2-1.5x slower than fused; both K-step forms timed
+    together said 59 against 70. Where that timing exists, it decides, and explain says so."""
+    from xshare.runtime.compiled.multistep import Verdict
+    from xshare.runtime.compiled.payoff import group_key, k_key
+
+    k16, kverdicts = _k16_verdicts(monkeypatch)
+    v = FusionVerdicts()
+    v.put("k", FusionVerdict(capacity=8, solo_step_s=160e-6, fused_step_s=800e-6))
+    kverdicts.put("k", Verdict(k16, True, 100e-6, 25e-6))
+    kverdicts.put(group_key("k", 8), Verdict(k16, True, 600e-6, 570e-6))
+    carried = v.judged("k", 8)
+    assert carried.carried and not carried.pays(8)  # (88 us a member against 29: the test above)
+    v.put(k_key("k", 16), FusionVerdict(capacity=8, solo_step_s=30e-6, fused_step_s=8 * 20e-6, k=16))
+    judged = v.judged("k", 8)
+    assert (judged.k, judged.carried, judged.solo_step_s) == (16, False, 30e-6) and judged.pays(8)
+    assert v.weigh("k", 8, 8, None, 0.0) is None
+    v.put(k_key("k", 16), FusionVerdict(capacity=8, solo_step_s=30e-6, fused_step_s=8 * 60e-6, k=16))
+    assert v.weigh("k", 8, 8, None, 0.0) == (
+        "fusing does not pay for this program: a fused step of 8 slots costs each of 8 members 60 us against "
+        "30 us for its own step (measured on this machine, fused at K=16 against its own K-step form, timed "
+        "together)")
+    # a timing at K does not stand in for a group that runs one step per call (its form not kept)
+    v.put(k_key("k", 16), FusionVerdict(capacity=8, solo_step_s=30e-6, fused_step_s=8 * 20e-6, k=16))
+    kverdicts.put(group_key("k", 8), Verdict(k16, False, 600e-6, 570e-6, why="slower"))
+    assert v.judged("k", 8).carried and v.judged("k", 8).fused_step_s == 800e-6
+
+
+def test_a_carried_narrow_loss_opens_its_group_to_be_timed_at_k_whatever_its_one_step_checks():
+    """A carried verdict (``judged``) was never timed at K: a narrow loss opens the next group
+    long enough to reach its K-step form (the measurement loads both kept forms: no compile),
+    however many one-step measurements there were. Timed at K, the verdict then counts its own
+    measurements as the one-step one does."""
+    carried = FusionVerdict(4, solo_step_s=100e-6, fused_step_s=4 * 115e-6, checks=payoff.RECHECKS, carried=True)
+    per_member = payoff.K_MEASURE_STEPS
+    assert carried.recheck(4, 4 * per_member) and carried.recheck(4, None)
+    assert not carried.recheck(4, 4 * per_member - 4)  # too short to reach its form and be timed
+    assert not FusionVerdict(4, 100e-6, 4 * 200e-6, carried=True).recheck(4)  # a clear loss stands
+    at_k = FusionVerdict(4, solo_step_s=100e-6, fused_step_s=4 * 115e-6, k=16)
+    assert at_k.recheck(4, 4 * per_member)  # (no cold compile to repay: steps enough to be timed)
+    assert not replace(at_k, checks=payoff.RECHECKS).recheck(4, None)
+
+
 def test_a_running_group_dissolves_only_past_the_margin():
     assert LOSES.loses(4) and not PAYS.loses(4)
     close = FusionVerdict(4, solo_step_s=100e-6, fused_step_s=4 * 105e-6)  # 5% worse: noise
@@ -232,10 +278,12 @@ def test_verdicts_persist_beside_the_compilation_cache_and_an_unreadable_file_is
     a.put("k", LOSES)
     a.measured("n", NARROW)
     a.measured("n", NARROW)
+    a.put("n@k16", replace(PAYS, k=16))
     b = FusionVerdicts()
     b.persist(str(tmp_path))
     assert b.get("k", 4) == LOSES
     assert b.get("n", 4).checks == 2  # (the count of measurements is kept too)
+    assert b.get("n@k16", 4) == replace(PAYS, k=16)  # (and the steps per call it was timed at)
     (tmp_path / payoff.FILE).write_text("{not json")
     c = FusionVerdicts()
     c.persist(str(tmp_path))
@@ -376,17 +424,17 @@ def test_a_narrow_loss_kept_from_before_opens_its_group_again_and_is_measured_ag
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
 
 
-def _slow_specs(n, steps):
+def _slow_specs(n, steps, dim=8):
     """Linear-regression jobs whose batches take 1 ms to make: a group of them runs long enough
     for the background compile its measurement waits for to land mid-run."""
     specs = []
     for i in range(n):
-        data = linreg_data(seed=i)
+        data = linreg_data(dim=dim, seed=i)
 
         def slow(step, data=data):
             time.sleep(0.001)
             return data(step)
-        specs.append(linreg_step.bind(linreg_state(seed=i), slow, steps=steps, name=f"j{i}"))
+        specs.append(linreg_step.bind(linreg_state(dim=dim, seed=i), slow, steps=steps, name=f"j{i}"))
     return specs
 
 
@@ -490,3 +538,44 @@ def test_the_fusion_checks_two_sides_are_timed_in_turns():
     best = fusecheck._fastest_pair(side("fused"), side("solo"))
     assert order == ["fused", "solo"] * fusecheck.CALLS
     assert len(best) == 2 and all(0 <= b < 1 for b in best)
+
+
+def test_a_group_on_its_k_step_form_is_timed_against_the_solo_form_and_dissolves_where_it_loses(
+        verdicts, monkeypatch, tmp_path):
+    """The measurement at K (``FuseCheck._tend_k``): once the group runs its K-step form, that
+    form and the solo program's kept one are timed together; a loss there dissolves the group
+    (its members finish alone, every step once) and is kept under ``k_key``. The timing is the one
+    input forced here (a linear step fuses well on this CPU): the fused call's, then the solo
+    one's, per call of 16 steps."""
+    from xshare.runtime.compiled.multistep import VERDICTS
+    from xshare.runtime.compiled.payoff import k_key
+
+    monkeypatch.setattr(fusecheck, "K_MEASURE_STEPS", 0)  # (these 400 steps: measured however short)
+    specs = _slow_specs(4, steps=400, dim=5)  # (a program of its own: the K=16 forms
+    # built here stay in the process-wide cache, and other tests' linreg jobs must not take them)
+    # Both K=16 forms, compiled in this process (1 ms batches: long enough for each compile to
+    # land mid-run) and checked: the runtime below takes them at once.
+    for fuse, n in (("always", 4), (False, 1)):
+        with xshare.Runtime(policy="pack", memory="256MiB", fuse=fuse, steps_per_call=16, parallel_lanes=False) as rt:
+            rt.submit_many(_slow_specs(n, steps=500, dim=5))
+            rt.wait()
+            key = _key(specs[0], rt.fences)
+    if not any(v.kept for v in VERDICTS.of(key)):
+        pytest.skip("the solo K=16 form timed slower than one step per call on this machine now")
+    verdicts.put(key, PAYS)  # fusing paid at one step per call: the group opens, is not timed there
+    monkeypatch.setattr(fusecheck, "_fastest_pair", lambda *sides: [16 * 2000e-6, 16 * 50e-6])
+    with xshare.Runtime(policy="pack", memory="256MiB", fuse=True, steps_per_call=16, log_dir=tmp_path,
+                        parallel_lanes=False) as rt:
+        handles = rt.submit_many(specs)
+        rt.wait()
+        snap = rt.snapshot()
+    fused = snap["runtime"]["fused_member_steps"]
+    assert 0 < fused < 4 * 400 and snap["groups"] == []
+    log = (tmp_path / "j0" / "log.txt").read_text()
+    assert "fusion measured at K=16: a fused step of 4 slots costs each of 4 members" in log
+    assert "left group-0 to step alone: fusing does not pay" in log and "timed together" in log
+    assert verdicts.get(k_key(key, 16), 4).loses(4) and verdicts.get(key, 4) == PAYS
+    for spec, h in zip(specs, handles):  # fused at K=16, then alone: every step once, in order
+        ref, _ = plain_loop(spec)
+        for a, b in zip(jax.tree.leaves(h.result()[0]), jax.tree.leaves(ref)):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)

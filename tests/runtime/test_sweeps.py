@@ -243,6 +243,16 @@ def test_explain_given_a_name_says_it_takes_the_specs():
             rt.explain("j0")
 
 
+def test_explain_given_a_handle_says_it_takes_the_specs():
+    from tests.helpers import linreg_data, linreg_state, linreg_step
+
+    with xshare.Runtime(memory="256MiB", fuse=True) as rt:
+        handle = rt.submit(linreg_step.bind(linreg_state(), linreg_data(), steps=2, name="j0"))
+        with pytest.raises(TypeError, match=r"explain\(\) takes the JobSpecs .* not a job's name or handle"):
+            rt.explain(handle)  # (before: "'JobHandle' object is not iterable")
+        rt.wait()
+
+
 _TRACED: list = []
 
 

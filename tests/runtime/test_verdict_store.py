@@ -139,7 +139,8 @@ def test_a_fusion_verdicts_json_written_before_the_table_still_loads(tmp_path):
     v.persist(str(tmp_path))
     assert v.get("k", 4) == FusionVerdict(4, 5e-5, 4e-4)
     v.put("k", FusionVerdict(8, 1e-4, 2e-4))
-    # (a file from before verdicts counted their measurements: each counts as one)
+    # (a file from before verdicts counted their measurements, or were timed at K steps a call:
+    # each counts as one measurement, at one step per call)
     assert json.loads((tmp_path / payoff.FILE).read_text()) == [
-        {"program": "k", "capacity": 4, "solo_step_s": 5e-05, "fused_step_s": 0.0004, "checks": 1},
-        {"program": "k", "capacity": 8, "solo_step_s": 1e-4, "fused_step_s": 2e-4, "checks": 1}]
+        {"program": "k", "capacity": 4, "solo_step_s": 5e-05, "fused_step_s": 0.0004, "checks": 1, "k": 1},
+        {"program": "k", "capacity": 8, "solo_step_s": 1e-4, "fused_step_s": 2e-4, "checks": 1, "k": 1}]

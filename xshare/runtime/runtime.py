@@ -256,7 +256,9 @@ class Runtime:
         ``submit`` would, but nothing is compiled or run."""
         from .compiled.sweeps import explain
 
-        specs = [specs] if isinstance(specs, (JobSpec, str)) else list(specs)
+        # (a handle is not iterable: named as not a spec, not as "not iterable")
+        specs = [specs] if isinstance(specs, JobSpec) or not isinstance(specs, Iterable) or isinstance(specs, str) \
+            else list(specs)
         for spec in specs:
             if not isinstance(spec, JobSpec):
                 raise TypeError(f"explain() takes the JobSpecs you would submit (from step.bind(...)), "

@@ -33,6 +33,11 @@ RECHECK_MARGIN = 1.25
 # waits for the solo program's compile: ``engine/fusecheck.py``); a recheck opens no group
 # shorter than that for a cold compile, which would fuse at the loss and measure nothing.
 MEASURE_AFTER = 2.0
+# A group is measured at its K-step form (both sides' forms kept beside the cache: the
+# measurement loads them, compiling nothing) only with this many group steps left: it reaches
+# that form after its warm steps and its form's check (~50-100 group steps), and the
+# measurement's 2 x CALLS calls of K steps each must be a small part of what is left.
+K_MEASURE_STEPS = 1024
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,12 @@ class FusionVerdict:
     basis: str = ""
     # How many measurements of the program at this capacity there have been (the latest stands).
     checks: int = 1
+    # The steps per call both sides were timed at, together (``k_key``; its costs are per step,
+    # the per-call host cost paid once per K): 1 for the check at one step per call.
+    k: int = 1
+    # Not kept: judged from the one-step check carried by each side's K-step check (``judged``),
+    # not timed at K: measured at K when a group of the program runs its form (``recheck``).
+    carried: bool = False
 
     def member_step_s(self, members: int) -> float:
         """What one fused step costs each of ``members`` members."""
@@ -75,9 +86,19 @@ class FusionVerdict:
         is never measured again; a narrow one costs a recheck the group's steps, which cost its
         members about what their own would; a group too short to be measured (the hook's 8 x
         400 steps) would pay that and learn nothing, so it does not open."""
-        long_enough = (member_steps_left is None
-                       or member_steps_left / max(members, 1) * self.fused_step_s >= MEASURE_AFTER * COLD_COMPILE_S)
-        return (self.checks < RECHECKS and not self.pays(members) and long_enough
+        if self.k > 1 or self.carried:
+            # Measured at K (engine/fusecheck.py): both K-step forms are kept, so the
+            # measurement compiles nothing; it needs only the steps to reach the group's form. A
+            # carried verdict is measured there once whatever its one-step checks' count (a
+            # first run's zoo sweep: carried, fusing lost 58 us a member against 53 and the
+            # sweep ran unfused from then on; fused it ran 1.2-1.5x faster on this machine).
+            long_enough = member_steps_left is None or member_steps_left / max(members, 1) >= K_MEASURE_STEPS
+            counted = self.carried or self.checks < RECHECKS
+        else:
+            long_enough = (member_steps_left is None or member_steps_left / max(members, 1) * self.fused_step_s
+                           >= MEASURE_AFTER * COLD_COMPILE_S)
+            counted = self.checks < RECHECKS
+        return (counted and not self.pays(members) and long_enough
                 and self.member_step_s(members) < RECHECK_MARGIN * self.solo_step_s)
 
     def why_not(self, members: int) -> str:
@@ -114,11 +135,23 @@ class FusionVerdicts:
         with each other directly, a first run's checks timed the zoo MLP at 59 us a step alone
         and 83 a member fused 4 ways at K=16, and that verdict, kept beside the cache, kept every
         later run of the sweep unfused, at 1.64-1.77 s against 1.28-1.56 s fused (timed together
-        in one script the two forms cost 82-90 and 61-70 us: benchmarks/RESULTS.md)."""
+        in one script the two forms cost 82-90 and 61-70 us: benchmarks/RESULTS.md).
+
+        Carried is still an estimate from three timings at three moments, and the one-step
+        timings it starts from are the noisiest (a call's host cost, ~150-270 us a call here,
+        is most of them): the zoo MLP's carried verdict said a member step cost 58 us fused 4
+        ways at K=32 against 53 alone, while the two forms timed together cost 42-49 and 50-61
+        and the sweep ran 1.2-1.5x faster fused. So where a group of the program has run its
+        K-step form beside the solo program's kept one, both timed together at K
+        (``engine/fusecheck.py``, kept under ``k_key``), that verdict decides."""
         verdict = self.get(program_key, capacity)
         if verdict is None or _kstep_verdicts is None:
             return verdict
         fused = k_gain(_kstep_verdicts(group_key(program_key, capacity)))
+        if fused is not None and fused[0] > 1:
+            direct = self.get(k_key(program_key, fused[0]), capacity)
+            if direct is not None:  # both K-step forms timed together: what a carried one estimates
+                return replace(direct, basis=f"fused at K={direct.k} against its own K-step form, timed together")
         solo = k_gain(_kstep_verdicts(program_key), prefer_k=fused[0] if fused is not None else None)
         if solo is None or fused is None or (solo[0] == 1 and fused[0] == 1):
             return verdict
@@ -127,7 +160,7 @@ class FusionVerdicts:
                              at_k(verdict.fused_step_s, *fused, call_s),
                              basis=(f"fused at K={fused[0]} against its own program at K={solo[0]}: each side "
                                     f"as the fusion check timed both, scaled by its own K-step check"),
-                             checks=verdict.checks)
+                             checks=verdict.checks, carried=True)
 
     def put(self, program_key: str, verdict: FusionVerdict) -> None:
         self._table.put((program_key, verdict.capacity), verdict)
@@ -210,6 +243,11 @@ def group_key(program_key: str, capacity: int) -> str:
     return f"{program_key}/fused{capacity}"
 
 
+def k_key(program_key: str, k: int) -> str:
+    """The key a fusion verdict timed at ``k`` steps per call is kept under (``fusecheck``)."""
+    return f"{program_key}@k{k}"
+
+
 def is_group_key(key: str) -> bool:
     """Whether K-step verdicts kept under ``key`` are a fused group's (``group_key``)."""
     return "/fused" in key
@@ -253,13 +291,13 @@ def at_k(step_s: float, k: int, ratio: float, call_s: float) -> float:
 def _decode(r: dict[str, Any]) -> tuple[tuple[str, int], FusionVerdict]:
     """One row of ``fusion-verdicts.json``: the program key and the verdict's fields."""
     verdict = FusionVerdict(int(r["capacity"]), float(r["solo_step_s"]), float(r["fused_step_s"]),
-                            checks=int(r.get("checks", 1)))
+                            checks=int(r.get("checks", 1)), k=int(r.get("k", 1)))
     return (str(r["program"]), verdict.capacity), verdict
 
 
 def _encode(key: tuple[str, int], verdict: FusionVerdict) -> dict[str, Any]:
     return {"program": key[0], "capacity": verdict.capacity, "solo_step_s": verdict.solo_step_s,
-            "fused_step_s": verdict.fused_step_s, "checks": verdict.checks}
+            "fused_step_s": verdict.fused_step_s, "checks": verdict.checks, "k": verdict.k}
 
 
 FUSION = FusionVerdicts()

@@ -102,7 +102,7 @@ class Executor:
                 return
         self.streams.enter(job.lane)
         if job.is_group:
-            if job.payoff is not fusecheck.SETTLED and self.tend(job):
+            if (job.payoff is not fusecheck.SETTLED or job.payoff_k is not fusecheck.SETTLED) and self.tend(job):
                 return  # it dissolved: fusing did not pay, its members step alone from now
             if job.tier is None and self.tiers.enabled:
                 # As for a solo job's first turn: a K-step form of the group's program this

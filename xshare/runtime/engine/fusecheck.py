@@ -19,14 +19,15 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import Future
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable
 
 import jax
 import numpy as np
 
-from ..compiled import fusion
+from ..compiled import fusion, multistep
 from ..compiled.multistep import VERDICTS
-from ..compiled.payoff import FUSION, MEASURE_AFTER, FusionVerdict
+from ..compiled.payoff import FUSION, K_MEASURE_STEPS, MEASURE_AFTER, FusionVerdict, k_key
 from ..config import RuntimeConfig
 from .group import Group
 from .multicall import call, scratch_ident, state_copy
@@ -58,6 +59,8 @@ class FuseCheck:
         """Before a group step: start or finish its measurement. True if the group dissolved (its
         members step alone from now; this turn runs nothing)."""
         state = group.payoff
+        if state is SETTLED:
+            return self._tend_k(group)
         if state is None:
             if group.steps_run < WARM_STEPS:
                 return False
@@ -65,8 +68,8 @@ class FuseCheck:
             # opened to measure again (payoff.FusionVerdict.recheck).
             known = FUSION.judged(group.program.key, group.capacity)
             if (not self.config.fuse_measured or self.background is None
-                    or (known is not None and not known.recheck(len(group.members)))):
-                group.payoff = SETTLED
+                    or (known is not None and (known.k > 1 or known.carried or not known.recheck(len(group.members))))):
+                group.payoff = SETTLED  # (a verdict at K is measured again at K: _tend_k)
                 return False
             if group.step_time_s is None:
                 self.timeline.drain()  # its steps' fence times (the recorder drains them only ~5x a second)
@@ -86,6 +89,73 @@ class FuseCheck:
         if verdict is None or not verdict.loses(len(group.stepping()) or len(group.members)):
             return False
         return self.dissolve(group, verdict)
+
+    def _tend_k(self, group: Group) -> bool:
+        """Once the group runs its K-step form: time it against the solo program's kept K-step
+        form, together (``measure_k``), unless a verdict timed so stands for the program."""
+        state = group.payoff_k
+        if state is SETTLED:
+            return False
+        if state is None:
+            tier = group.tier
+            if tier is None or tier.multi is None:
+                return False  # not on a K-step form (yet)
+            group.payoff_k = SETTLED
+            if not self.config.fuse_measured or self.background is None:
+                return False
+            program, form, members = group.program, tier.multi.form, group.members
+            lefts = [job.steps_left for job in members]
+            left = None if None in lefts else sum(lefts)
+            known = FUSION.get(k_key(program.key, form.k), group.capacity)
+            if known is not None and not known.recheck(len(members), left):
+                return False
+            if known is None and left is not None and left / max(len(members), 1) < K_MEASURE_STEPS:
+                return False
+            solo = _solo_form(program.key, form)
+            if solo is None:
+                return False  # its members would run one step per call alone: the one-step verdict stands
+            device = self.device
+            # (kept: a load from the cache, on the tier thread; the group steps on meanwhile)
+            group.payoff_k = self.background(lambda: multistep.compile_multi(program, solo, device))
+            return False
+        if not state.done():
+            return False
+        group.payoff_k = SETTLED
+        verdict = self.measure_k(group, state)
+        if verdict is None or not verdict.loses(len(group.stepping()) or len(group.members)):
+            return False
+        return self.dissolve(group, verdict)
+
+    def measure_k(self, group: Group, solo: Future) -> FusionVerdict | None:
+        """Time the group's K-step form and the solo program's on copies, in turns, as ``measure``
+        times the one-step programs (zero batches, K steps a call); kept under ``k_key`` at the
+        group's K. None: not measurable now (as ``measure``)."""
+        if solo.exception() is not None or not group.members:
+            return None
+        self.drain()
+        tier = group.tier
+        if (not group.members or tier is None or tier.multi is None or fusion.on_host(group.arrays)
+                or sum(x.nbytes for x in group.arrays) > self.arena.free):
+            return None
+        multi, alone = tier.multi, solo.result()
+        scratch = scratch_ident(group, self.ring, self.device)
+        capacity, zeros = group.capacity, group.zero_batch
+        fused_arg = multi.arg(([np.zeros((multi.k, capacity, *z.shape), z.dtype) for z in zeros],
+                               np.ones((capacity,), np.bool_)), multi.k)
+        solo_arg = alone.arg([np.zeros((alone.k, *z.shape), z.dtype) for z in zeros], alone.k)
+        fused_s, solo_s = _fastest_pair(
+            (lambda copy: call(multi.executable, copy, fused_arg, scratch), state_copy(group.arrays)),
+            (lambda copy: call(alone.executable, copy, solo_arg, scratch),
+             list(fusion.take(group.fused, group.arrays, group.members[0].slot))))
+        per_call = VERDICTS.typical_call_s()  # (paid once per call: as measure adds it)
+        verdict = FUSION.measured(k_key(group.program.key, multi.k), FusionVerdict(
+            capacity, (solo_s + per_call) / alone.k, (fused_s + per_call) / multi.k, k=multi.k))
+        members = len(group.members)
+        for job in group.members:
+            self.recorder.line(job, f"fusion measured at K={multi.k}: a fused step of {capacity} slots costs each of "
+                                    f"{members} members {verdict.member_step_s(members) * 1e6:.0f} us, its own "
+                                    f"K={alone.k} form {verdict.solo_step_s * 1e6:.0f} us a step")
+        return replace(verdict, basis=f"fused at K={multi.k} against its own K-step form, timed together")
 
     def measure(self, group: Group, solo: Future) -> FusionVerdict | None:
         """Time the fused and the solo program on copies (None: not measurable now: the solo
@@ -139,6 +209,15 @@ class FuseCheck:
             self.recorder.line(job, f"left {group.name} to step alone: {verdict.why_not(len(members))}")
             self.admission.rehome(job)
         return True
+
+
+def _solo_form(program_key: str, form: multistep.Form) -> multistep.Form | None:
+    """The K-step form the program's jobs run alone, as this machine checked and kept it: the
+    group's own form if kept, else the largest kept (None: none kept)."""
+    kept = [v.form for v in VERDICTS.of(program_key) if v.kept]
+    if form in kept:
+        return form
+    return max(kept, key=lambda f: (f.k, not f.unroll), default=None)
 
 
 def _worth(compile_s: float, group: Group) -> bool:

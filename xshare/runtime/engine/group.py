@@ -39,6 +39,7 @@ class Group:
         self.now: list | None = None    # the members of the step being dispatched (dispatcher)
         self.tier: Any = None           # its K-step program, if promoted (tiers.JobTier)
         self.payoff: Any = None         # whether fusing pays: None, a Future (measuring), True (fusecheck.py)
+        self.payoff_k: Any = None       # the same at its K-step form, once it runs one (fusecheck.py)
 
     # What the policy sees of a group (sched/ docs: a group is one runnable unit).
     is_group = True  # the Unit protocol (records.Unit)
