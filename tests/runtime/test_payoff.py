@@ -579,3 +579,46 @@ def test_a_group_on_its_k_step_form_is_timed_against_the_solo_form_and_dissolves
         ref, _ = plain_loop(spec)
         for a, b in zip(jax.tree.leaves(h.result()[0]), jax.tree.leaves(ref)):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
+def test_groups_opened_together_are_measured_once_and_a_loss_dissolves_each(verdicts, monkeypatch, tmp_path):
+    """On a CPU whose lanes run side by side, a sweep's jobs open a group per core at once: one
+    of them is timed at K, and its verdict decides the other too: a loss dissolves it as well
+    (before, a group whose form landed after the verdict stayed fused at the loss). A group whose
+    form lands while the other is being timed waits for that verdict rather than time the same
+    thing again (~40 ms of the dispatcher at K=32 for the zoo MLP); which of the two happens
+    here depends on when each group's form lands: one measurement either way."""
+    from xshare.runtime.compiled.multistep import VERDICTS
+    from xshare.runtime.compiled.payoff import k_key
+
+    monkeypatch.setattr(fusecheck, "K_MEASURE_STEPS", 0)
+    specs = _slow_specs(4, steps=400, dim=5)  # (the program and K=16 forms of the test above)
+    for fuse, n in (("always", 2), (False, 1)):
+        with xshare.Runtime(policy="pack", memory="256MiB", fuse=fuse, steps_per_call=16) as rt:
+            rt.submit_many(_slow_specs(n, steps=500, dim=5))
+            rt.wait()
+            key = _key(specs[0], rt.fences)
+    if not any(v.kept for v in VERDICTS.of(key)):
+        pytest.skip("the solo K=16 form timed slower than one step per call on this machine now")
+    verdicts.put(key, replace(PAYS, capacity=2))
+    timings = []
+
+    def timed(*sides):
+        timings.append(len(sides))
+        return [16 * 2000e-6, 16 * 50e-6]
+    monkeypatch.setattr(fusecheck, "_fastest_pair", timed)
+    with xshare.Runtime(policy="pack", memory="256MiB", fuse=True, steps_per_call=16, log_dir=tmp_path) as rt:
+        handles = rt.submit_many(specs)
+        rt.wait()
+        snap = rt.snapshot()
+    if rt.snapshot()["runtime"].get("parallel_lanes") is False:
+        pytest.skip("one execution stream here: one group")
+    assert timings == [2]  # one measurement, at K
+    assert verdicts.get(k_key(key, 16), 2).loses(2) and snap["groups"] == []
+    logs = [(tmp_path / s.name / "log.txt").read_text() for s in specs]
+    assert sum("fusion measured at K=16" in log for log in logs) == 2  # the measured group's members
+    assert all("to step alone: fusing does not pay" in log for log in logs)  # every member left
+    for spec, h in zip(specs, handles):
+        ref, _ = plain_loop(spec)
+        for a, b in zip(jax.tree.leaves(h.result()[0]), jax.tree.leaves(ref)):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)

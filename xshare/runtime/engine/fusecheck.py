@@ -54,6 +54,7 @@ class FuseCheck:
         self.config, self.background, self.timeline, self.tiers = config, background, timeline, tiers
         self.arena, self.recorder, self.groups, self.admission = arena, recorder, groups, admission
         self.drain, self.device, self.ring = drain, device, ring
+        self._measuring: dict[tuple, Group] = {}  # (K, program key, capacity) -> the group measured
 
     def tend(self, group: Group) -> bool:
         """Before a group step: start or finish its measurement. True if the group dissolved (its
@@ -66,11 +67,16 @@ class FuseCheck:
                 return False
             # Known already: nothing to measure, unless it was a narrow loss this group
             # opened to measure again (payoff.FusionVerdict.recheck).
+            if self._another_measuring(1, group):
+                return False  # its verdict decides this group too: looked at again next turn
             known = FUSION.judged(group.program.key, group.capacity)
             if (not self.config.fuse_measured or self.background is None
                     or (known is not None and (known.k > 1 or known.carried or not known.recheck(len(group.members))))):
                 group.payoff = SETTLED  # (a verdict at K is measured again at K: _tend_k)
-                return False
+                # A loss found by the group measured beside this one (both opened before it was
+                # known): this one dissolves as that one did.
+                return (self.config.fuse_measured and known is not None and known.k == 1 and not known.carried
+                        and known.loses(len(group.members)) and self.dissolve(group, known))
             if group.step_time_s is None:
                 self.timeline.drain()  # its steps' fence times (the recorder drains them only ~5x a second)
                 if group.step_time_s is None:
@@ -81,10 +87,12 @@ class FuseCheck:
             # The solo program (not compiled when every job of the program fused) compiles on the
             # tier thread; the group steps on meanwhile.
             group.payoff = self.background(group.program.ensure)
+            self._measuring[(1, group.program.key, group.capacity)] = group
             return False
         if state is SETTLED or not state.done():
             return False
         group.payoff = SETTLED
+        self._measuring.pop((1, group.program.key, group.capacity), None)
         verdict = self.measure(group, state)
         if verdict is None or not verdict.loses(len(group.stepping()) or len(group.members)):
             return False
@@ -106,9 +114,12 @@ class FuseCheck:
             program, form, members = group.program, tier.multi.form, group.members
             lefts = [job.steps_left for job in members]
             left = None if None in lefts else sum(lefts)
+            if self._another_measuring(form.k, group):
+                group.payoff_k = None  # its verdict decides this group too: looked at again next turn
+                return False
             known = FUSION.get(k_key(program.key, form.k), group.capacity)
             if known is not None and not known.recheck(len(members), left):
-                return False
+                return known.loses(len(members)) and self.dissolve(group, replace(known, basis=_TIMED_K.format(k=form.k)))
             if known is None and left is not None and left / max(len(members), 1) < K_MEASURE_STEPS:
                 return False
             solo = _solo_form(program.key, form)
@@ -117,10 +128,13 @@ class FuseCheck:
             device = self.device
             # (kept: a load from the cache, on the tier thread; the group steps on meanwhile)
             group.payoff_k = self.background(lambda: multistep.compile_multi(program, solo, device))
+            self._measuring[(form.k, program.key, group.capacity)] = group
             return False
         if not state.done():
             return False
         group.payoff_k = SETTLED
+        if group.tier is not None and group.tier.multi is not None:
+            self._measuring.pop((group.tier.multi.k, group.program.key, group.capacity), None)
         verdict = self.measure_k(group, state)
         if verdict is None or not verdict.loses(len(group.stepping()) or len(group.members)):
             return False
@@ -155,7 +169,16 @@ class FuseCheck:
             self.recorder.line(job, f"fusion measured at K={multi.k}: a fused step of {capacity} slots costs each of "
                                     f"{members} members {verdict.member_step_s(members) * 1e6:.0f} us, its own "
                                     f"K={alone.k} form {verdict.solo_step_s * 1e6:.0f} us a step")
-        return replace(verdict, basis=f"fused at K={multi.k} against its own K-step form, timed together")
+        return replace(verdict, basis=_TIMED_K.format(k=multi.k))
+
+    def _another_measuring(self, k: int, group: Group) -> bool:
+        """Whether another open group of this runtime is being measured for the same program and
+        capacity at ``k`` steps a call (1: the one-step check). Groups opened together (one per
+        core) would each time the same thing, ~40 ms of the dispatcher at K=32 for the zoo MLP."""
+        other = self._measuring.get((k, group.program.key, group.capacity))
+        if other is None or other is group or other.arrays is None:
+            return False
+        return (other.payoff if k == 1 else other.payoff_k) is not SETTLED
 
     def measure(self, group: Group, solo: Future) -> FusionVerdict | None:
         """Time the fused and the solo program on copies (None: not measurable now: the solo
@@ -209,6 +232,9 @@ class FuseCheck:
             self.recorder.line(job, f"left {group.name} to step alone: {verdict.why_not(len(members))}")
             self.admission.rehome(job)
         return True
+
+
+_TIMED_K = "fused at K={k} against its own K-step form, timed together"
 
 
 def _solo_form(program_key: str, form: multistep.Form) -> multistep.Form | None:
