@@ -11,8 +11,14 @@ executable call on each side). A group whose step costs each member more than a 
 would dissolves there: each member moves to a lane of its own with its state and steps alone
 from its next step (same steps, same batches: its results do not change), provided the arena
 has room for all of them now; otherwise they stay fused. The verdict is kept, so later groups
-of the program do not open (and ``Runtime.explain`` says why). ``FuseCheck`` is a part of the engine, given the parts it uses (the executor asks its
-``tend`` before a group's step); dispatcher thread only.
+of the program do not open (and ``Runtime.explain`` says why).
+
+Once the group runs its K-step form, and the program's solo K-step form is kept on this machine
+(a load), the two forms are timed together the same way (``_tend_k``): one-step timings are
+mostly a call's host cost and vary from round to round, so that verdict (``payoff.k_key``)
+decides from then on over the one-step verdict carried to K. Groups of one program opened
+together are measured once. ``FuseCheck`` is a part of the engine, given the parts it uses (the
+executor asks its ``tend`` before a group's step); dispatcher thread only.
 """
 
 from __future__ import annotations
