@@ -52,7 +52,10 @@ def test_round_robin_inside_one_lane_alternates_every_quantum():
     """Two jobs share one lane (max_lanes=1): while both can step, turns are exactly `quantum`
     steps long and alternate. (Each job's first turn may differ while the prefetchers fill, and
     its last turn may be shorter or, for the survivor, longer.)"""
-    steps = 30
+    # (60 steps a job: ~28 turns each, so a burst of late batches early in the run, while another
+    # test's threads wind down on this 2-core machine, does not decide it: in a suite run under
+    # nox 5 of 24 turns at 30 steps were off, all in the first third)
+    steps = 60
     # Steps of a few milliseconds: the prefetch threads easily stay ahead of them, and a turn is
     # one step (a run of one-step calls, Executor.run, takes about RUN_S: one step this long).
     specs = [heavy_step.bind(heavy_state(dim=512, seed=i), heavy_data(dim=512, batch=256, seed=i),
