@@ -256,9 +256,8 @@ class Runtime:
         ``submit`` would, but nothing is compiled or run."""
         from .compiled.sweeps import explain
 
-        # (a handle is not iterable: named as not a spec, not as "not iterable")
-        specs = [specs] if isinstance(specs, JobSpec) or not isinstance(specs, Iterable) or isinstance(specs, str) \
-            else list(specs)
+        # (one spec, a name or a handle: the check below names what it got)
+        specs = [specs] if isinstance(specs, (JobSpec, str)) or not isinstance(specs, Iterable) else list(specs)
         for spec in specs:
             if not isinstance(spec, JobSpec):
                 raise TypeError(f"explain() takes the JobSpecs you would submit (from step.bind(...)), "

@@ -103,10 +103,11 @@ class FusionVerdict:
 
     def why_not(self, members: int) -> str:
         """The reason, in numbers, that fusing ``members`` jobs does not pay."""
+        basis = self.basis or (f"fused at K={self.k} against its own K-step form, timed together" if self.k > 1 else "")
         return (f"fusing does not pay for this program: a fused step of {self.capacity} slots costs each "
                 f"of {members} members {self.member_step_s(members) * 1e6:.0f} us against "
                 f"{self.solo_step_s * 1e6:.0f} us for its own step (measured on this machine"
-                f"{self.basis and ', ' + self.basis})")
+                f"{basis and ', ' + basis})")
 
 
 class FusionVerdicts:
@@ -151,7 +152,7 @@ class FusionVerdicts:
         if fused is not None and fused[0] > 1:
             direct = self.get(k_key(program_key, fused[0]), capacity)
             if direct is not None:  # both K-step forms timed together: what a carried one estimates
-                return replace(direct, basis=f"fused at K={direct.k} against its own K-step form, timed together")
+                return direct
         solo = k_gain(_kstep_verdicts(program_key), prefer_k=fused[0] if fused is not None else None)
         if solo is None or fused is None or (solo[0] == 1 and fused[0] == 1):
             return verdict

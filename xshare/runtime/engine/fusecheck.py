@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import Future
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable
 
 import jax
@@ -98,7 +97,7 @@ class FuseCheck:
         if state is SETTLED or not state.done():
             return False
         group.payoff = SETTLED
-        self._measuring.pop((1, group.program.key, group.capacity), None)
+        self._forget(group)
         verdict = self.measure(group, state)
         if verdict is None or not verdict.loses(len(group.stepping()) or len(group.members)):
             return False
@@ -114,18 +113,19 @@ class FuseCheck:
             tier = group.tier
             if tier is None or tier.multi is None:
                 return False  # not on a K-step form (yet)
+            form = tier.multi.form
+            if self._another_measuring(form.k, group):
+                return False  # its verdict decides this group too: looked at again next turn
             group.payoff_k = SETTLED
             if not self.config.fuse_measured or self.background is None:
                 return False
-            program, form, members = group.program, tier.multi.form, group.members
+            program, members = group.program, group.members
             lefts = [job.steps_left for job in members]
             left = None if None in lefts else sum(lefts)
-            if self._another_measuring(form.k, group):
-                group.payoff_k = None  # its verdict decides this group too: looked at again next turn
-                return False
             known = FUSION.get(k_key(program.key, form.k), group.capacity)
             if known is not None and not known.recheck(len(members), left):
-                return known.loses(len(members)) and self.dissolve(group, replace(known, basis=_TIMED_K.format(k=form.k)))
+                # (a loss found by the group measured beside this one: it dissolves as that one did)
+                return known.loses(len(members)) and self.dissolve(group, known)
             if known is None and left is not None and left / max(len(members), 1) < K_MEASURE_STEPS:
                 return False
             solo = _solo_form(program.key, form)
@@ -139,43 +139,12 @@ class FuseCheck:
         if not state.done():
             return False
         group.payoff_k = SETTLED
-        if group.tier is not None and group.tier.multi is not None:
-            self._measuring.pop((group.tier.multi.k, group.program.key, group.capacity), None)
-        verdict = self.measure_k(group, state)
+        self._forget(group)
+        k = group.tier.multi.k if group.tier is not None and group.tier.multi is not None else 0
+        verdict = self.measure(group, state, k) if k > 1 else None
         if verdict is None or not verdict.loses(len(group.stepping()) or len(group.members)):
             return False
         return self.dissolve(group, verdict)
-
-    def measure_k(self, group: Group, solo: Future) -> FusionVerdict | None:
-        """Time the group's K-step form and the solo program's on copies, in turns, as ``measure``
-        times the one-step programs (zero batches, K steps a call); kept under ``k_key`` at the
-        group's K. None: not measurable now (as ``measure``)."""
-        if solo.exception() is not None or not group.members:
-            return None
-        self.drain()
-        tier = group.tier
-        if (not group.members or tier is None or tier.multi is None or fusion.on_host(group.arrays)
-                or sum(x.nbytes for x in group.arrays) > self.arena.free):
-            return None
-        multi, alone = tier.multi, solo.result()
-        scratch = scratch_ident(group, self.ring, self.device)
-        capacity, zeros = group.capacity, group.zero_batch
-        fused_arg = multi.arg(([np.zeros((multi.k, capacity, *z.shape), z.dtype) for z in zeros],
-                               np.ones((capacity,), np.bool_)), multi.k)
-        solo_arg = alone.arg([np.zeros((alone.k, *z.shape), z.dtype) for z in zeros], alone.k)
-        fused_s, solo_s = _fastest_pair(
-            (lambda copy: call(multi.executable, copy, fused_arg, scratch), state_copy(group.arrays)),
-            (lambda copy: call(alone.executable, copy, solo_arg, scratch),
-             list(fusion.take(group.fused, group.arrays, group.members[0].slot))))
-        per_call = VERDICTS.typical_call_s()  # (paid once per call: as measure adds it)
-        verdict = FUSION.measured(k_key(group.program.key, multi.k), FusionVerdict(
-            capacity, (solo_s + per_call) / alone.k, (fused_s + per_call) / multi.k, k=multi.k))
-        members = len(group.members)
-        for job in group.members:
-            self.recorder.line(job, f"fusion measured at K={multi.k}: a fused step of {capacity} slots costs each of "
-                                    f"{members} members {verdict.member_step_s(members) * 1e6:.0f} us, its own "
-                                    f"K={alone.k} form {verdict.solo_step_s * 1e6:.0f} us a step")
-        return replace(verdict, basis=_TIMED_K.format(k=multi.k))
 
     def _another_measuring(self, k: int, group: Group) -> bool:
         """Whether another open group of this runtime is being measured for the same program and
@@ -186,37 +155,62 @@ class FuseCheck:
             return False
         return (other.payoff if k == 1 else other.payoff_k) is not SETTLED
 
-    def measure(self, group: Group, solo: Future) -> FusionVerdict | None:
-        """Time the fused and the solo program on copies (None: not measurable now: the solo
-        program failed to compile, no member has a state to copy, or the copy would not fit in
-        the arena)."""
+    def _forget(self, group: Group) -> None:
+        """``group``'s measurement ended: no other group waits on it."""
+        for key in [key for key, g in self._measuring.items() if g is group]:
+            del self._measuring[key]
+
+    def measure(self, group: Group, solo: Future, k: int = 1) -> FusionVerdict | None:
+        """Time the fused and the solo program on copies, in turns (None: not measurable now: the
+        solo program failed to compile, no member has a state to copy, the copy would not fit in
+        the arena, or the group no longer runs its K-step form). ``k`` 1: the one-step programs
+        (``solo``: the solo program's compile); else the group's K-step form against the solo
+        program's kept one (``solo``: its load), kept under ``k_key``, costs per step."""
         if solo.exception() is not None or not group.members:
             return None
         self.drain()  # the copies are of the newest state
         if not group.members or fusion.on_host(group.arrays):
             return None
+        multi = group.tier.multi if group.tier is not None else None
+        if k > 1 and (multi is None or multi.k != k):
+            return None
         if sum(x.nbytes for x in group.arrays) > self.arena.free:
             return None  # no room beside the group for a copy of its stack: keep it, unmeasured
-        slot = group.members[0].slot
         scratch = scratch_ident(group, self.ring, self.device)
-        capacity = group.capacity
-        stacked = [np.zeros((capacity, *z.shape), z.dtype) for z in group.zero_batch]
+        capacity, zeros, key = group.capacity, group.zero_batch, group.program.key
         mask = np.ones((capacity,), np.bool_)
+        if k == 1:
+            fused_exe, fused_arg = group.fused.executable, ([np.zeros((capacity, *z.shape), z.dtype) for z in zeros], mask)
+            solo_exe, solo_k = group.program.executable, 1
+
+            def solo_arg() -> Any:
+                return [z.copy() for z in zeros]
+        else:
+            assert multi is not None  # (checked above)
+            alone = solo.result()
+            fused_exe = multi.executable
+            fused_arg = multi.arg(([np.zeros((k, capacity, *z.shape), z.dtype) for z in zeros], mask), k)
+            solo_exe, solo_k, key = alone.executable, alone.k, k_key(key, k)
+            stacked = alone.arg([np.zeros((alone.k, *z.shape), z.dtype) for z in zeros], alone.k)
+
+            def solo_arg() -> Any:
+                return stacked  # (a K-step program does not donate its batches)
         fused_s, solo_s = _fastest_pair(
-            (lambda copy: group.fused.executable(*((copy, (stacked, mask)) + ((scratch,) if scratch is not None else ()))),
-             state_copy(group.arrays)),
-            (lambda copy: call(group.program.executable, copy, [z.copy() for z in group.zero_batch], scratch),
-             list(fusion.take(group.fused, group.arrays, slot))))
+            (lambda copy: call(fused_exe, copy, fused_arg, scratch), state_copy(group.arrays)),
+            (lambda copy: call(solo_exe, copy, solo_arg(), scratch),
+             list(fusion.take(group.fused, group.arrays, group.members[0].slot))))
         # What one executable call costs beyond its work (the K-step checks measure it; CALL_S
-        # before any): a fused call pays it once for all its members. Not the timeline's host gap,
-        # which also holds the time the device waited for data.
+        # before any): a fused call pays it once for all its members, each side once per call.
+        # Not the timeline's host gap, which also holds the time the device waited for data.
         per_call = VERDICTS.typical_call_s()
-        verdict = FUSION.measured(group.program.key, FusionVerdict(capacity, solo_s + per_call, fused_s + per_call))
+        verdict = FUSION.measured(key, FusionVerdict(capacity, (solo_s + per_call) / solo_k,
+                                                     (fused_s + per_call) / k, k=k))
         members = len(group.members)
+        at, own, per = ("", "its own step", "") if k == 1 else (f" at K={k}", f"its own K={solo_k} form", " a step")
         for job in group.members:
-            self.recorder.line(job, f"fusion measured: a fused step of {capacity} slots costs each of {members} "
-                                    f"members {verdict.member_step_s(members) * 1e6:.0f} us, its own step "
-                                    f"{verdict.solo_step_s * 1e6:.0f} us")
+            self.recorder.line(job, f"fusion measured{at}: a fused step of {capacity} slots costs each of {members} "
+                                    f"members {verdict.member_step_s(members) * 1e6:.0f} us, {own} "
+                                    f"{verdict.solo_step_s * 1e6:.0f} us{per}")
         return verdict
 
     def dissolve(self, group: Group, verdict: FusionVerdict) -> bool:
@@ -238,9 +232,6 @@ class FuseCheck:
             self.recorder.line(job, f"left {group.name} to step alone: {verdict.why_not(len(members))}")
             self.admission.rehome(job)
         return True
-
-
-_TIMED_K = "fused at K={k} against its own K-step form, timed together"
 
 
 def _solo_form(program_key: str, form: multistep.Form) -> multistep.Form | None:
