@@ -540,6 +540,26 @@ def test_the_fusion_checks_two_sides_are_timed_in_turns():
     assert len(best) == 2 and all(0 <= b < 1 for b in best)
 
 
+def _warm_k16_forms(spec, *, group_of, parallel_lanes):
+    """Both K=16 forms of ``spec``'s program (a group of ``group_of``, and solo), compiled in this
+    process (1 ms batches: each compile lands mid-run) and checked, so that a runtime takes them
+    at once; its program key. A run that ends before its form's compile lands checks nothing:
+    run again (the form is compiled by then), up to 3 times; the solo form must end kept."""
+    from xshare.runtime.compiled.multistep import VERDICTS
+    key = None
+    for fuse, n in (("always", group_of), (False, 1)):
+        for _ in range(3):
+            with xshare.Runtime(policy="pack", memory="256MiB", fuse=fuse, steps_per_call=16,
+                                parallel_lanes=parallel_lanes) as rt:
+                rt.submit_many(_slow_specs(n, steps=500, dim=5))
+                rt.wait()
+                key = _key(spec, rt.fences)
+            if fuse or any(v.kept for v in VERDICTS.of(key)):
+                break
+    assert any(v.kept for v in VERDICTS.of(key)), VERDICTS.of(key)
+    return key
+
+
 def test_a_group_on_its_k_step_form_is_timed_against_the_solo_form_and_dissolves_where_it_loses(
         verdicts, monkeypatch, tmp_path):
     """The measurement at K (``FuseCheck._tend_k``): once the group runs its K-step form, that
@@ -547,21 +567,12 @@ def test_a_group_on_its_k_step_form_is_timed_against_the_solo_form_and_dissolves
     (its members finish alone, every step once) and is kept under ``k_key``. The timing is the one
     input forced here (a linear step fuses well on this CPU): the fused call's, then the solo
     one's, per call of 16 steps."""
-    from xshare.runtime.compiled.multistep import VERDICTS
     from xshare.runtime.compiled.payoff import k_key
 
     monkeypatch.setattr(fusecheck, "K_MEASURE_STEPS", 0)  # (these 400 steps: measured however short)
     specs = _slow_specs(4, steps=400, dim=5)  # (a program of its own: the K=16 forms
     # built here stay in the process-wide cache, and other tests' linreg jobs must not take them)
-    # Both K=16 forms, compiled in this process (1 ms batches: long enough for each compile to
-    # land mid-run) and checked: the runtime below takes them at once.
-    for fuse, n in (("always", 4), (False, 1)):
-        with xshare.Runtime(policy="pack", memory="256MiB", fuse=fuse, steps_per_call=16, parallel_lanes=False) as rt:
-            rt.submit_many(_slow_specs(n, steps=500, dim=5))
-            rt.wait()
-            key = _key(specs[0], rt.fences)
-    if not any(v.kept for v in VERDICTS.of(key)):
-        pytest.skip("the solo K=16 form timed slower than one step per call on this machine now")
+    key = _warm_k16_forms(specs[0], group_of=4, parallel_lanes=False)
     verdicts.put(key, PAYS)  # fusing paid at one step per call: the group opens, is not timed there
     monkeypatch.setattr(fusecheck, "_fastest_pair", lambda *sides: [16 * 2000e-6, 16 * 50e-6])
     with xshare.Runtime(policy="pack", memory="256MiB", fuse=True, steps_per_call=16, log_dir=tmp_path,
@@ -581,14 +592,14 @@ def test_a_group_on_its_k_step_form_is_timed_against_the_solo_form_and_dissolves
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
 
 
-def test_groups_opened_together_are_measured_once_and_a_loss_dissolves_each(verdicts, monkeypatch, tmp_path):
+def test_groups_opened_together_are_measured_once(verdicts, monkeypatch, tmp_path):
     """On a CPU whose lanes run side by side, a sweep's jobs open a group per core at once: one
-    of them is timed at K, and its verdict decides the other too: a loss dissolves it as well
-    (before, a group whose form landed after the verdict stayed fused at the loss). A group whose
-    form lands while the other is being timed waits for that verdict rather than time the same
-    thing again (~40 ms of the dispatcher at K=32 for the zoo MLP); which of the two happens
-    here depends on when each group's form lands: one measurement either way."""
-    from xshare.runtime.compiled.multistep import VERDICTS
+    of them is timed at K. A group whose form lands while the other is being timed waits for that
+    verdict rather than time the same thing again (~40 ms of the dispatcher at K=32 for the zoo
+    MLP); one whose form lands after it goes by it. Only the measured group dissolves on its
+    loss: a verdict measured on another group, maybe with other members, dissolves no group (in
+    the zoo's arrivals, a loss at 6 of 8 slots did, its jobs regathered at 4 slots, and that group
+    never stepped)."""
     from xshare.runtime.compiled.payoff import k_key
 
     from xshare.runtime.engine.streams import parallel_streams
@@ -597,13 +608,7 @@ def test_groups_opened_together_are_measured_once_and_a_loss_dissolves_each(verd
         pytest.skip("one execution stream on this machine: its jobs open one group")
     monkeypatch.setattr(fusecheck, "K_MEASURE_STEPS", 0)
     specs = _slow_specs(4, steps=400, dim=5)  # (the program and K=16 forms of the test above)
-    for fuse, n in (("always", 2), (False, 1)):
-        with xshare.Runtime(policy="pack", memory="256MiB", fuse=fuse, steps_per_call=16) as rt:
-            rt.submit_many(_slow_specs(n, steps=500, dim=5))
-            rt.wait()
-            key = _key(specs[0], rt.fences)
-    if not any(v.kept for v in VERDICTS.of(key)):
-        pytest.skip("the solo K=16 form timed slower than one step per call on this machine now")
+    key = _warm_k16_forms(specs[0], group_of=2, parallel_lanes=True)
     verdicts.put(key, replace(PAYS, capacity=2))
     timings = []
 
@@ -614,13 +619,12 @@ def test_groups_opened_together_are_measured_once_and_a_loss_dissolves_each(verd
     with xshare.Runtime(policy="pack", memory="256MiB", fuse=True, steps_per_call=16, log_dir=tmp_path) as rt:
         handles = rt.submit_many(specs)
         rt.wait()
-        snap = rt.snapshot()
     logs = [(tmp_path / s.name / "log.txt").read_text() for s in specs]
     assert sum("joined group-1" in log for log in logs) == 2  # (two groups of two: one per stream)
     assert timings == [2]  # one measurement, at K
-    assert verdicts.get(k_key(key, 16), 2).loses(2) and snap["groups"] == []
+    assert verdicts.get(k_key(key, 16), 2).loses(2)
     assert sum("fusion measured at K=16" in log for log in logs) == 2  # the measured group's members
-    assert all("to step alone: fusing does not pay" in log for log in logs)  # every member left
+    assert sum("to step alone: fusing does not pay" in log for log in logs) == 2  # they left; the others stay
     for spec, h in zip(specs, handles):
         ref, _ = plain_loop(spec)
         for a, b in zip(jax.tree.leaves(h.result()[0]), jax.tree.leaves(ref)):
