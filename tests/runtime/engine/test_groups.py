@@ -74,11 +74,13 @@ def fused_job(name: str, key: str = "mlp", *, hint: int = 1, mib: int = 1, steps
     return j
 
 
-def grouped(capacity_mib: float = 64, floor: int | None = None, platform: str = "cpu") -> tuple[Parts, Groups, Device]:
+def grouped(capacity_mib: float = 64, floor: int | None = None, platform: str = "cpu",
+            streams: int = 1) -> tuple[Parts, Groups, Device]:
     parts, device = Parts(capacity_mib), Device(platform)
     drains = []
     groups = Groups(parts.units, parts.arena, parts.admission, parts.recorder, device, floor=floor,
-                    ids=itertools.count(1000), timeline=fakes.Timeline(), drain=lambda: drains.append(1))
+                    ids=itertools.count(1000), timeline=fakes.Timeline(), drain=lambda: drains.append(1),
+                    streams=streams)
     groups.abort = parts.life.abort
     parts.admission.join = groups.join
     parts.life.forgetters = (parts.admission.forget, groups.forget)
@@ -128,6 +130,50 @@ def test_a_later_job_adopts_a_running_job_of_its_program_and_its_own_reservation
     assert g.members == [a, b] and a.group is g and not a.in_ledger and parts.ledger() == {g.id}
     assert a.arrays is None and g.arrays[0] == ["a-state"]  # its newest state moved into the stack
     assert "moved into group-0" in parts.recorder.said("a")[-1]
+
+
+def test_a_joiner_that_adopts_more_running_jobs_than_its_group_holds_keeps_its_slot_the_rest_open_another():
+    # The zoo's arrivals: a group dissolved (fusing lost at its capacity), its six jobs step
+    # alone, and a seventh job of the program arrives. On two streams 7 jobs open groups of 4:
+    # adopting all it could, the first filled its 4 slots with running jobs, the joiner had no
+    # slot (an AssertionError in an event nobody read), and neither it nor the group stepped.
+    parts, groups, device = grouped(streams=2)
+    solos = [fused_job(n) for n in "abcdef"]
+    for j in solos:
+        j.unfused = "stepping alone"
+    parts.submit(*solos)
+    for j in solos:
+        j.unfused = None  # (as a dissolved group leaves its members)
+    assert groups.all() == [] and all(j.in_ledger for j in solos)
+    g = fused_job("g")
+    parts.submit(g)
+    first, second = groups.all()
+    assert first.capacity == second.capacity == 4 and device.compiled == [("mlp", 4), ("mlp", 4)]
+    assert g in first.members and len(first.members) == 4 and len(second.members) == 3
+    assert sorted(j.name for j in first.members + second.members) == list("abcdefg")
+    assert g.state is S.RUNNING and set(parts.units.running) == {first.id, second.id}
+    assert parts.ledger() == {first.id, second.id}  # the movers' own reservations went
+
+
+def test_running_jobs_moving_in_are_shared_out_evenly_and_a_share_of_one_stays_alone():
+    from xshare.runtime.engine.groups import GROUP_COMPILING
+    parts, groups, _ = grouped(streams=2)
+    jobs = [fused_job(n, hint=5) for n in "abcde"]
+    for j in jobs:
+        j.unfused = GROUP_COMPILING
+    parts.submit(*jobs)
+    groups.gather(Program("mlp"), jobs, compiled=True)
+    assert sorted(len(g.members) for g in groups.all()) == [2, 3]  # not 4 and a group of one
+    parts, groups, _ = grouped(streams=2)
+    solos = [fused_job(n) for n in "abcd"]
+    for j in solos:
+        j.unfused = "stepping alone"
+    parts.submit(*solos)
+    for j in solos:
+        j.unfused = None
+    e = fused_job("e")
+    parts.submit(e)  # 5 joining on 2 streams: groups of 4, shared 3 and 2
+    assert sorted(len(g.members) for g in groups.all()) == [2, 3] and e.group is not None
 
 
 def test_a_full_group_doubles_for_a_joiner_and_keeps_its_members_states():

@@ -17,9 +17,9 @@ Once the group runs its K-step form, and the program's solo K-step form is kept 
 (a load), the two forms are timed together the same way (``_tend_k``): one-step timings are
 mostly a call's host cost and vary from round to round, so that verdict (``payoff.k_key``)
 decides from then on over the one-step verdict carried to K. Groups of one program opened
-together are measured once; only the measured group dissolves on its loss. ``FuseCheck`` is a
-part of the engine, given the parts it uses (the executor asks its ``tend`` before a group's
-step); dispatcher thread only.
+together are measured once, and the others dissolve on that group's loss as it does.
+``FuseCheck`` is a part of the engine, given the parts it uses (the executor asks its ``tend``
+before a group's step); dispatcher thread only.
 """
 
 from __future__ import annotations
@@ -79,7 +79,10 @@ class FuseCheck:
             if (not self.config.fuse_measured or self.background is None
                     or (known is not None and (known.k > 1 or known.carried or not known.recheck(len(group.members))))):
                 group.payoff = SETTLED  # (a verdict at K is measured again at K: _tend_k)
-                return False
+                # A loss found by the group measured beside this one (both opened before it was
+                # known): this one dissolves as that one did.
+                return (self.config.fuse_measured and known is not None and known.k == 1 and not known.carried
+                        and known.loses(len(group.members)) and self.dissolve(group, known))
             if group.step_time_s is None:
                 self.timeline.drain()  # its steps' fence times (the recorder drains them only ~5x a second)
                 if group.step_time_s is None:
@@ -122,10 +125,8 @@ class FuseCheck:
             left = None if None in lefts else sum(lefts)
             known = FUSION.get(k_key(program.key, form.k), group.capacity)
             if known is not None and not known.recheck(len(members), left):
-                # Not dissolved on a verdict measured on another group: it may have had other
-                # members (the zoo's arrivals: a loss at 6 of 8 slots dissolved a group whose
-                # jobs then regathered at 4 slots, and that group, in 2 runs of 8, never stepped).
-                return False
+                # (a loss found by the group measured beside this one: it dissolves as that one did)
+                return known.loses(len(members)) and self.dissolve(group, known)
             if known is None and left is not None and left / max(len(members), 1) < K_MEASURE_STEPS:
                 return False
             solo = _solo_form(program.key, form)

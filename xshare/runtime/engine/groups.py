@@ -101,9 +101,13 @@ class Groups:
             group = self._open(job.program, capacity)
         if group is None:
             return False
-        for solo, lifted in solos:
-            if group.free_slot() is not None:
-                self._adopt(solo, group, lifted)
+        # The running jobs that move in share the groups with the joiner, a slot of this one
+        # kept for it: 6 jobs left alone by a dissolved group, adopted by a 7th into a group of
+        # 4 slots, filled it, the joiner found no slot, and neither it nor the group ever stepped.
+        share = _share(1 + len(solos), group.capacity)
+        for solo, lifted in solos[:share - 1]:
+            self._adopt(solo, group, lifted)
+        self._open_with(job.program, solos[share - 1:], group.capacity)
         slot = group.free_slot()
         assert slot is not None  # (grown, opened with room, or found with a free slot)
         try:
@@ -142,13 +146,7 @@ class Groups:
                 job.unfused = reason
                 self.recorder.line(job, f"stays alone: {reason}")
             return
-        for first in range(0, len(movers), capacity):  # (a group per stream: parallel_groups)
-            group = self._open(program, capacity)
-            if group is None:
-                return  # no room for the group's reservation now: the others go on alone
-            for job in movers[first:first + capacity]:
-                self._adopt(job, group, job.lifted)
-            self.units.run(group)
+        self._open_with(program, [(job, job.lifted) for job in movers], capacity)
 
     def leave(self, job: Any) -> None:
         """``job`` leaves its slot (it ended, or goes to host memory): the group shrinks if it
@@ -230,6 +228,23 @@ class Groups:
                                  f"{solo.spec.start_step + solo.steps_done}")
         self.units.changed = True
 
+    def _open_with(self, program: Any, movers: list[tuple[Any, tuple]], capacity: int) -> None:
+        """Groups of ``capacity`` slots for running jobs (with their lifted values) that move in
+        at this step boundary, as few as hold them, shared out evenly (a group per stream:
+        ``parallel_groups``); a share of one stays alone (there is no group of one), and so do
+        those left when the arena has no room for another group's reservation."""
+        share = _share(len(movers), capacity)
+        for first in range(0, len(movers), share):
+            chunk = movers[first:first + share]
+            if len(chunk) < 2:
+                return
+            group = self._open(program, capacity)
+            if group is None:
+                return
+            for solo, lifted in chunk:
+                self._adopt(solo, group, lifted)
+            self.units.run(group)
+
     def _open(self, program: Any, capacity: int) -> Group | None:
         fused = self.device.program(program, capacity)
         gid = next(self.ids)   # one id space with jobs: fences and the timeline name either
@@ -293,6 +308,13 @@ class Groups:
     def _resize(self, group: Group, fused: Any) -> bool:
         fp = fused.footprint
         return bool(self.arena.resize(group.id, fp.resident, fp.ephemeral))
+
+
+def _share(jobs: int, capacity: int) -> int:
+    """How many of ``jobs`` each group of ``capacity`` slots takes when as few groups as hold
+    them share them out evenly (5 in groups of 4: 3 and 2, not 4 and 1)."""
+    groups = max(-(-jobs // capacity), 1)
+    return max(-(-jobs // groups), 1)
 
 
 def _unwired(job: Any, cause: str, err: BaseException | None) -> None:
