@@ -239,3 +239,22 @@ def test_a_job_end_listener_that_raises_takes_down_no_job():
         assert rt.wait(timeout=60), "a raising listener stopped the dispatcher"
     assert [h.status() for h in handles] == ["done"] * 3, [h.error for h in handles]
     assert sorted(heard) == ["l0", "l1", "l2"]
+
+
+def test_a_failing_event_of_the_runtimes_own_threads_fails_the_jobs_loudly_instead_of_hanging(caplog):
+    """What the compile pool posts (a job compiled, a group's program ready) nobody awaits: an
+    exception there is a failure of the dispatcher's own work. It once landed in a future nobody
+    read, and left a job "compiling" and a group that never stepped, with nothing in any log; now
+    it is logged and every job ends failed, as for a failure in the dispatcher's loop."""
+    import logging
+    spec = linreg_step.bind(linreg_state(), linreg_data(), steps=1_000_000, name="long")
+    with caplog.at_level(logging.ERROR, logger="xshare.runtime"), xshare.Runtime(memory="64MiB") as rt:
+        handle = rt.submit(spec)
+
+        def broken() -> None:  # (on the dispatcher thread)
+            raise AssertionError("an admission bug")
+
+        rt._dispatcher.post(broken)
+        assert handle.wait(timeout=60), "the job kept running past a failed event"
+    assert handle.status() == "failed" and "an admission bug" in handle.error
+    assert "an admission bug" in caplog.text

@@ -166,18 +166,24 @@ class Dispatcher:
                                  "post an event instead")
 
     # ------------------------------------------------------------------ from other threads
-    def post(self, fn: Callable, *args: Any) -> Future:
-        """Run ``fn(*args)`` on the dispatcher thread between two steps; its result or
-        exception lands in the returned future."""
+    def post(self, fn: Callable, *args: Any) -> None:
+        """Run ``fn(*args)`` on the dispatcher thread between two steps, unawaited (the compile
+        pool's "compiled", a job's arrival, a cancel at the next boundary). An exception it
+        raises is a failure of the dispatcher's own work, handled as one in its loop (logged,
+        every job failed): set in a future nobody read, an admission's AssertionError once left
+        a job "compiling" and a group that never stepped, with nothing in any log."""
+        self._events.append((fn, args, None))
+        self._wake.set()
+
+    def call(self, fn: Callable, *args: Any, timeout: float | None = 60.0) -> Any:
+        """Run ``fn(*args)`` on the dispatcher thread between two steps and return its result
+        (or raise its exception) here: the API's controls and reads."""
+        if threading.current_thread() is self.thread or not self.thread.is_alive():
+            return fn(*args)
         fut: Future = Future()
         self._events.append((fn, args, fut))
         self._wake.set()
-        return fut
-
-    def call(self, fn: Callable, *args: Any, timeout: float | None = 60.0) -> Any:
-        if threading.current_thread() is self.thread or not self.thread.is_alive():
-            return fn(*args)
-        return self.post(fn, *args).result(timeout)
+        return fut.result(timeout)
 
     def poke(self) -> None:
         """A batch landed: wake the dispatcher if it waits for one."""
@@ -247,6 +253,9 @@ class Dispatcher:
         # run of ~1.5 s), while the device sat idle.
         for _ in range(len(self._events)):
             fn, args, fut = self._events.popleft()
+            if fut is None:
+                fn(*args)  # (posted: what it raises is the loop's, see post)
+                continue
             if not fut.set_running_or_notify_cancel():
                 continue
             try:
