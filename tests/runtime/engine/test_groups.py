@@ -242,6 +242,17 @@ def test_a_joiner_whose_state_cannot_be_put_in_the_group_fails_alone():
     assert b.state is S.FAILED and b.error.startswith("could not place its state in group-0: RuntimeError")
     (g,) = groups.all()
     assert g.members == [a, c] and a.state is c.state is S.RUNNING
+    # A newcomer that fails so after adopting running jobs into the group it opened: they step on.
+    parts, groups, device = grouped()
+    device.put = put
+    d = fused_job("d")
+    d.unfused = "stepping alone"
+    parts.submit(d)
+    d.unfused = None
+    b = fused_job("b")
+    parts.submit(b)
+    (g,) = groups.all()
+    assert b.state is S.FAILED and g.members == [d] and set(parts.units.running) == {g.id}
 
 
 def _cancel():

@@ -114,6 +114,8 @@ class Groups:
             self.device.put(group, job.host_arrays if job.host_arrays is not None else job.initial_arrays(), slot)
         except Exception as err:  # noqa: BLE001 - the job fails, its group goes on
             self.abort(job, f"could not place its state in {group.name}: {short_error(err)}", err)
+            if group.members:  # (with the running jobs it adopted: they step on in it)
+                self.units.run(group)
             return True
         group.slots[slot] = job
         job.group, job.slot, job.lane, job.host_arrays = group, slot, group.lane, None
