@@ -87,6 +87,17 @@ def grouped(capacity_mib: float = 64, floor: int | None = None, platform: str = 
     return parts, groups, device
 
 
+def stepping_alone(parts: Parts, names: str) -> list:
+    """Jobs of the program running alone and adoptable, as a dissolved group leaves its members."""
+    jobs = [fused_job(n) for n in names]
+    for j in jobs:
+        j.unfused = "stepping alone"  # (submitted so, they open no group)
+    parts.submit(*jobs)
+    for j in jobs:
+        j.unfused = None
+    return jobs
+
+
 def test_jobs_submitted_together_open_one_group_with_room_for_all_and_one_reservation():
     parts, groups, device = grouped()
     a, b, c = (fused_job(n, hint=3) for n in "abc")
@@ -138,12 +149,7 @@ def test_a_joiner_that_adopts_more_running_jobs_than_its_group_holds_keeps_its_s
     # adopting all it could, the first filled its 4 slots with running jobs, the joiner had no
     # slot (an AssertionError in an event nobody read), and neither it nor the group stepped.
     parts, groups, device = grouped(streams=2)
-    solos = [fused_job(n) for n in "abcdef"]
-    for j in solos:
-        j.unfused = "stepping alone"
-    parts.submit(*solos)
-    for j in solos:
-        j.unfused = None  # (as a dissolved group leaves its members)
+    solos = stepping_alone(parts, "abcdef")
     assert groups.all() == [] and all(j.in_ledger for j in solos)
     g = fused_job("g")
     parts.submit(g)
@@ -165,12 +171,7 @@ def test_running_jobs_moving_in_are_shared_out_evenly_and_a_share_of_one_stays_a
     groups.gather(Program("mlp"), jobs, compiled=True)
     assert sorted(len(g.members) for g in groups.all()) == [2, 3]  # not 4 and a group of one
     parts, groups, _ = grouped(streams=2)
-    solos = [fused_job(n) for n in "abcd"]
-    for j in solos:
-        j.unfused = "stepping alone"
-    parts.submit(*solos)
-    for j in solos:
-        j.unfused = None
+    stepping_alone(parts, "abcd")
     e = fused_job("e")
     parts.submit(e)  # 5 joining on 2 streams: groups of 4, shared 3 and 2
     assert sorted(len(g.members) for g in groups.all()) == [2, 3] and e.group is not None
@@ -245,10 +246,7 @@ def test_a_joiner_whose_state_cannot_be_put_in_the_group_fails_alone():
     # A newcomer that fails so after adopting running jobs into the group it opened: they step on.
     parts, groups, device = grouped()
     device.put = put
-    d = fused_job("d")
-    d.unfused = "stepping alone"
-    parts.submit(d)
-    d.unfused = None
+    (d,) = stepping_alone(parts, "d")
     b = fused_job("b")
     parts.submit(b)
     (g,) = groups.all()

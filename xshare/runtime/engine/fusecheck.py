@@ -98,15 +98,11 @@ class FuseCheck:
         if state is SETTLED or not state.done():
             return False
         group.payoff = SETTLED
-        self._forget(group)
-        verdict = self.measure(group, state)
-        if verdict is None or not verdict.loses(len(group.stepping()) or len(group.members)):
-            return False
-        return self.dissolve(group, verdict)
+        return self._finish(group, state, 1)
 
     def _tend_k(self, group: Group) -> bool:
         """Once the group runs its K-step form: time it against the solo program's kept K-step
-        form, together (``measure_k``), unless a verdict timed so stands for the program."""
+        form, together (``measure`` at K), unless a verdict timed so stands for the program."""
         state = group.payoff_k
         if state is SETTLED:
             return False
@@ -140,9 +136,16 @@ class FuseCheck:
         if not state.done():
             return False
         group.payoff_k = SETTLED
+        multi = group.tier.multi if group.tier is not None else None
+        if multi is None or multi.k == 1:  # (it left its K-step form meanwhile: nothing to time)
+            self._forget(group)
+            return False
+        return self._finish(group, state, multi.k)
+
+    def _finish(self, group: Group, solo: Future, k: int) -> bool:
+        """The solo side of ``group``'s measurement is ready: measure, and dissolve on a loss."""
         self._forget(group)
-        k = group.tier.multi.k if group.tier is not None and group.tier.multi is not None else 0
-        verdict = self.measure(group, state, k) if k > 1 else None
+        verdict = self.measure(group, solo, k)
         if verdict is None or not verdict.loses(len(group.stepping()) or len(group.members)):
             return False
         return self.dissolve(group, verdict)
