@@ -95,10 +95,26 @@ def test_log_directory_deleted_mid_run_every_job_finishes_exactly(tmp_path, capl
         assert len(off) <= 1, [r.getMessage() for r in off]
 
 
+def _replace_with_file(logs: Path):
+    # As in _delete, a checkpoint being written may make the directory again between the
+    # delete and the write: create the file exclusively, and delete again when it lost.
+    for _ in range(50):
+        _delete(logs)
+        try:
+            fd = os.open(logs, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        except (FileExistsError, IsADirectoryError):
+            time.sleep(0.01)
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write("not a directory\n")
+        return
+    raise AssertionError(f"could not replace {logs} with a file")
+
+
 def test_log_directory_replaced_by_a_file_mid_run(tmp_path):
     def replace(logs):
-        _delete(logs)
-        logs.write_text("not a directory\n")
+        _replace_with_file(logs)
+        assert logs.is_file()
 
     _assert_exact(*_run_with_damage(tmp_path, replace))
 
