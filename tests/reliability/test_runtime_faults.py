@@ -112,11 +112,7 @@ def _replace_with_file(logs: Path):
 
 
 def test_log_directory_replaced_by_a_file_mid_run(tmp_path):
-    def replace(logs):
-        _replace_with_file(logs)
-        assert logs.is_file()
-
-    _assert_exact(*_run_with_damage(tmp_path, replace))
+    _assert_exact(*_run_with_damage(tmp_path, _replace_with_file))
 
 
 def _read_only(logs: Path, monkeypatch):
