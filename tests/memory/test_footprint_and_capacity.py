@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import jax
@@ -67,6 +69,17 @@ class _Device:
 
     def memory_stats(self):
         return self._stats
+
+
+def test_physical_ram_is_psutils_figure_without_importing_it():
+    # The OS's page count (what a Runtime without memory= sizes its CPU arena by) is the same
+    # figure as psutil's MemTotal, and reading it no longer imports psutil (a child process:
+    # this one may have imported psutil already).
+    psutil = pytest.importorskip("psutil")
+    out = subprocess.run([sys.executable, "-c", "import sys; from xshare.memory import device; "
+                          "print(device.physical_ram(), 'psutil' in sys.modules)"],
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert int(out[0]) == psutil.virtual_memory().total and out[1] == "False"
 
 
 def test_capacity_from_the_argument_the_gpu_pool_or_ram():
