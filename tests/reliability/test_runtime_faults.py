@@ -72,14 +72,22 @@ def _assert_exact(specs, handles):
         assert_trees_equal(h.result()[0], ref[0])
 
 
-def _delete(logs: Path):
-    # The recorder may be writing a checkpoint (which recreates its directory) while we delete.
+def _retried(attempt, what: str):
+    # The recorder may be writing a checkpoint (which recreates the log directory) in between
+    # the damage's steps: try again, for up to half a second, until ``attempt`` says it won.
     for _ in range(50):
-        shutil.rmtree(logs, ignore_errors=True)
-        if not logs.exists():
+        if attempt():
             return
         time.sleep(0.01)
-    raise AssertionError(f"could not delete {logs}")
+    raise AssertionError(f"could not {what}")
+
+
+def _delete(logs: Path):
+    def attempt():
+        shutil.rmtree(logs, ignore_errors=True)
+        return not logs.exists()
+
+    _retried(attempt, f"delete {logs}")
 
 
 def test_log_directory_deleted_mid_run_every_job_finishes_exactly(tmp_path, caplog):
@@ -96,19 +104,18 @@ def test_log_directory_deleted_mid_run_every_job_finishes_exactly(tmp_path, capl
 
 
 def _replace_with_file(logs: Path):
-    # As in _delete, a checkpoint being written may make the directory again between the
-    # delete and the write: create the file exclusively, and delete again when it lost.
-    for _ in range(50):
+    # The file is created exclusively: a directory made again after the delete loses it the race.
+    def attempt():
         _delete(logs)
         try:
             fd = os.open(logs, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         except (FileExistsError, IsADirectoryError):
-            time.sleep(0.01)
-            continue
+            return False
         with os.fdopen(fd, "w") as f:
             f.write("not a directory\n")
-        return
-    raise AssertionError(f"could not replace {logs} with a file")
+        return True
+
+    _retried(attempt, f"replace {logs} with a file")
 
 
 def test_log_directory_replaced_by_a_file_mid_run(tmp_path):
