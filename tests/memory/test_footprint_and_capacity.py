@@ -82,6 +82,14 @@ def test_physical_ram_is_psutils_figure_without_importing_it():
     assert int(out[0]) == psutil.virtual_memory().total and out[1] == "False"
 
 
+def test_physical_ram_without_sysconf_or_psutil_names_the_fix(monkeypatch):
+    # (a platform without the page count, e.g. Windows, and psutil not installed)
+    monkeypatch.delattr(memdev.os, "sysconf")
+    monkeypatch.setitem(sys.modules, "psutil", None)  # (import psutil raises ImportError)
+    with pytest.raises(RuntimeError, match=re.escape("pass Runtime(memory=...)")):
+        memdev.physical_ram()
+
+
 def test_capacity_from_the_argument_the_gpu_pool_or_ram():
     assert memdev.arena_capacity("1GiB", _Device(None)) == (1 << 30, "memory argument")
     assert memdev.arena_capacity(None, _Device({"bytes_limit": 5 << 30})) == (

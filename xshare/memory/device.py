@@ -119,8 +119,14 @@ def physical_ram() -> int:
     try:
         return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     except (AttributeError, ValueError, OSError):
+        pass
+    try:
         import psutil
-        return int(psutil.virtual_memory().total)
+    except ImportError:
+        raise RuntimeError("cannot read this machine's RAM to size the CPU arena (no os.sysconf page "
+                           "count, and psutil is not installed): pass Runtime(memory=...), e.g. "
+                           "memory='8GiB', or pip install psutil") from None
+    return int(psutil.virtual_memory().total)
 
 
 def arena_capacity(memory, device) -> tuple[int, str]:
