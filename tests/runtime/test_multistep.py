@@ -920,3 +920,31 @@ def test_a_job_whose_last_steps_are_its_k_step_forms_check_ends_done(monkeypatch
     # The check ran, on the last two steps (the steps a tier counts: the check's single steps).
     assert tier.note.startswith("K=2 rolled") and tier.steps_at == {1: 2}, (tier.steps_at, tier.note)
     assert_trees_equal(handle.result()[0], plain_loop(make())[0])
+
+
+def test_counting_a_jobs_ready_batches_survives_the_feeder_appending_meanwhile(monkeypatch):
+    """The feeder thread appends to a job's batches while the dispatcher counts those a K-step
+    call may take. Counted by a Python loop over the deque, an append between two of its steps
+    raised "deque mutated during iteration" and failed the dispatcher (CI, a fused group whose
+    members were cancelled). Here each batch checked makes the feeder's append land mid-count."""
+    from collections import deque
+
+    from xshare.runtime.engine.multicall import MultiCalls
+    from xshare.runtime.engine.source import END
+
+    sig = (((2,), np.dtype("float32")),)
+    batch = (np.zeros(2, np.float32),)
+    job = SimpleNamespace(batches=deque([batch] * 3), source=None, program=SimpleNamespace(batch_signature=sig))
+    fits = multistep.fits
+
+    def fits_while_the_feeder_appends(b, s):
+        job.batches.append(batch)
+        return fits(b, s)
+
+    monkeypatch.setattr(multistep, "fits", fits_while_the_feeder_appends)
+    calls = object.__new__(MultiCalls)
+    calls._fed = lambda job: True
+    assert calls.ready_batches(job, 8) == 3  # those there when it looked; the rest count next turn
+    assert calls.ready_batches(job, 4) == 4
+    job.batches = deque([batch, END, batch])
+    assert calls.ready_batches(job, 8) == 1  # the end stops the call before it

@@ -167,12 +167,17 @@ class MultiCalls:
         if not self._fed(job) and len(batches) < want and job.source is not None:
             produce(job, self.device, blocking=True, n=want - len(batches))
         assert job.program is not None  # (it steps)
-        n, sig, fits = 0, job.program.batch_signature, multistep.fits
-        for batch in batches:
-            if n == want or batch is END or type(batch) is DataError or not fits(batch, sig):
-                break
-            n += 1
-        return n
+        # By index, not by iterating: the feeder thread appends to the deque meanwhile, and a
+        # Python loop over a deque that grows between its steps raises ("deque mutated during
+        # iteration", which failed the dispatcher). Only this thread takes from its left, so
+        # the first len() entries stay where they are.
+        sig, fits = job.program.batch_signature, multistep.fits
+        have = min(want, len(batches))
+        for n in range(have):
+            batch = batches[n]
+            if batch is END or type(batch) is DataError or not fits(batch, sig):
+                return n
+        return have
 
     # ------------------------------------------------------------------ a K-step call
     def dispatch(self, job: JobRecord, li: int, pos: int, k: int) -> None:
