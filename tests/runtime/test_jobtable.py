@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import re
+from types import SimpleNamespace
 
 import pytest
 
@@ -56,3 +57,23 @@ def test_wait_times_out_on_unfinished_jobs_and_listeners_never_raise(caplog):
         table.ended(job)
     assert seen == [job] and "a job-end listener raised" in caplog.text
     assert table.wait(timeout=1.0) is True and table.unfinished() == []
+
+
+def test_wait_survives_jobs_submitted_from_another_thread_while_it_looks():
+    """``wait`` looks at every record while callers' threads add more (``add`` takes the table's
+    lock, ``wait`` does not). Over the live dict, a record added between two of its checks raised
+    "dictionary changed size during iteration" in the waiting thread (``Runtime.wait``, the end
+    of a ``with Runtime()``). Here each check lands a submission from "another thread"."""
+    table = JobTable(t0=0.0)
+    added = []
+
+    class Ended:
+        @property
+        def terminal(self):
+            added.append(len(table.records))
+            table.records[1000 + len(added)] = SimpleNamespace(terminal=True)  # (another thread's add)
+            return True
+
+    table.records[0] = Ended()
+    assert table.wait(timeout=5) is True
+    assert added == [1]  # it looked at the one there when it began; the next look sees both

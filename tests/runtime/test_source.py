@@ -32,7 +32,7 @@ def _job(data, stop, *, stacked=True):
     return SimpleNamespace(feed_lock=threading.Lock(), batches=collections.deque(), data_done=False,
                            source=src.BatchSource(data, start=0, stop=stop), data_s=None,
                            batch_layout=SimpleNamespace(plain=True, treedef=treedef),
-                           group=object() if stacked else None, tier=None)
+                           group=object() if stacked else None, tier=None, terminal=False)
 
 
 def _items(job):
@@ -77,3 +77,29 @@ def test_a_peeked_first_batch_is_served_before_the_loop_takes_over():
     assert src.produce(job, CPU, n=4)
     assert [item[0][0] for item in job.batches] == [float(s) for s in range(8)]
     assert np.array_equal(job.batches[0][0], first["x"])
+
+
+@pytest.mark.parametrize("seekable", [True, False])
+def test_a_batch_made_while_its_job_ended_is_dropped_not_kept_by_the_ended_record(monkeypatch, seekable):
+    """``Lifecycle.end`` clears a job's batches and drops its source and layout without the feed
+    lock (a slow source must not hold up an end). A feeder inside the user's data meanwhile
+    appended its batch afterwards: the ended record kept it (on an accelerator, device memory
+    outside the ledger), or a DataError about the dropped layout whose traceback held the source.
+    Here the data ends the job, as ``end`` does, while making step 2."""
+    if not seekable:
+        monkeypatch.setattr(src.BatchSource, "seekable", lambda self: False)
+    inner = _data()
+
+    def data(step):
+        if step == 2:  # the dispatcher's end, in its order: the state first, then the clears
+            job.terminal = True
+            job.source, job.batch_layout = None, None
+            job.batches.clear()
+        return inner(step)
+
+    job = _job(data, None, stacked=seekable)
+    assert src.produce(job, CPU, n=4)
+    assert list(job.batches) == []
+    # ... while a live job's batches all land
+    job = _job(inner, None, stacked=seekable)
+    assert src.produce(job, CPU, n=4) and len(job.batches) == 4

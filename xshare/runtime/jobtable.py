@@ -111,7 +111,9 @@ class JobTable:
         """Block until every job has ended; False on timeout."""
         deadline = None if timeout is None else now_s() + timeout
         with self._ended:
-            while any(not j.terminal for j in self.records.values()):
+            # Over a copy: callers' threads add records meanwhile (without ``_ended``), and a
+            # generator over the live dict raises "dictionary changed size during iteration".
+            while any(not j.terminal for j in list(self.records.values())):
                 remaining = None if deadline is None else deadline - now_s()
                 if remaining is not None and remaining <= 0:
                     return False

@@ -166,6 +166,14 @@ def produce(job: Any, device: Any, *, blocking: bool = True, n: int = 1) -> bool
                 job.source = None  # produce nothing more for it
         return True
     finally:
+        if job.terminal:
+            # It ended while this thread made its batches: ``Lifecycle.end`` (on the dispatcher)
+            # clears them without the feed lock, so that a slow source cannot hold up an end.
+            # What was appended after that clear is dropped here. An ended record must not keep a
+            # batch (on an accelerator, device memory outside the arena's ledger), nor a
+            # DataError whose traceback holds its source and the user's iterator. ``end`` sets
+            # the state before it clears, so one of the two clears always comes last.
+            job.batches.clear()
         job.feed_lock.release()
 
 
@@ -218,11 +226,11 @@ def _next(job: Any, source: BatchSource, device: Any) -> Any:
     """``source``'s next batch as ``produce`` queues it (a DataError if the user's data raised,
     or does not match the compiled step)."""
     step = source.next_step
+    layout = job.batch_layout  # (before a slow source's next: the job's end drops it meanwhile)
     try:
         batch = source.next()
         if batch is END:
             return END
-        layout = job.batch_layout
         if layout.plain:  # the common case: a flatten and a structure check
             leaves, treedef = tree_flatten(batch)
             if treedef != layout.treedef:
