@@ -134,6 +134,32 @@ def test_mode_poll_follows_the_directory(tmp_path):
             r.close()
 
 
+def test_a_model_unloaded_by_a_request_while_a_scan_unloads_it_does_not_stop_the_scan(tmp_path):
+    """A ``DELETE /models/{name}`` (under the service's lock, not the repository's) may undeploy a
+    model between the scan's look and its own undeploy: the scan's undeploy then raised KeyError,
+    which ended the scan with the entries after it left as they were."""
+    repo = make_repo(tmp_path / "models")
+    with xshare.Runtime(memory="256MiB") as rt:
+        r = Repository(rt, repo, "poll", poll_s=3600)
+        undeploy, raced = rt.undeploy, []
+
+        def a_request_got_there_first(name, version=None):
+            if not raced:
+                raced.append(name)
+                undeploy(name)  # the racing request's
+            undeploy(name, version)  # the scan's own: KeyError when the request got there first
+
+        try:
+            rt.undeploy = a_request_got_there_first
+            shutil.rmtree(repo / "mlp")
+            shutil.rmtree(repo / "small")
+            r.scan()
+            assert raced == ["mlp"] and sorted(rt.models) == []  # both gone: the scan went on
+            assert "mlp" not in states(r.index()) and "small" not in states(r.index())
+        finally:
+            r.close()
+
+
 def test_bad_repositories_are_refused_with_the_fix(tmp_path):
     with xshare.Runtime(memory="64MiB") as rt:
         with pytest.raises(xshare.XShareError, match="is not a directory"):

@@ -162,8 +162,7 @@ class Repository:
                 mtime = 0.0
             try:
                 spec = read_entry(self.dir / name).build()
-                if name in self.rt.models:  # a reload: the new config replaces the old model
-                    self.rt.undeploy(name)
+                if self._unload(name):  # a reload: the new config replaces the old model
                     self._seen.pop(name, None)
                 self.rt.deploy(spec)
             except (XShareError, ValueError, TypeError) as err:
@@ -172,6 +171,18 @@ class Repository:
             self._seen[name] = mtime
             self._reasons.pop(name, None)
         log.info("model repository: loaded %r", name)
+
+    def _unload(self, name: str) -> bool:
+        """Undeploy ``name`` if it is deployed; whether it was. A ``DELETE /models/{name}``
+        (the service's lock, not this one) may undeploy it between the look and the undeploy:
+        then it is gone, as asked, and the scan goes on rather than stopping at a KeyError."""
+        if name not in self.rt.models:
+            return False
+        try:
+            self.rt.undeploy(name)
+        except KeyError:
+            return False
+        return True
 
     def _poll(self) -> None:
         while not self._stop.wait(self.poll_s):
@@ -196,8 +207,7 @@ class Repository:
                     self._seen[name] = mtime
         for name in sorted(set(self._seen) - present):
             with self._lock:
-                if name in self.rt.models:
-                    self.rt.undeploy(name)
+                self._unload(name)
                 self._seen.pop(name, None)
                 self._reasons.pop(name, None)
             log.info("model repository: %r left the repository; unloaded", name)
