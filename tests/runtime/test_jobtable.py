@@ -76,4 +76,4 @@ def test_wait_survives_jobs_submitted_from_another_thread_while_it_looks():
 
     table.records[0] = Ended()
     assert table.wait(timeout=5) is True
-    assert added == [1]  # it looked at the one there when it began; the next look sees both
+    assert added == [1]  # it looked once at the one record there when it began, and returned

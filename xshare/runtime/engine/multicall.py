@@ -169,7 +169,8 @@ class MultiCalls:
         assert job.program is not None  # (it steps)
         # By index, not by iterating: the feeder thread appends to the deque meanwhile, and a
         # Python loop over a deque that grows between its steps raises ("deque mutated during
-        # iteration", which failed the dispatcher). Only this thread takes from its left, so
+        # iteration", which failed the dispatcher). Only this thread takes from its left (a
+        # feeder clears a job's batches only once the job has ended, after its last count), so
         # the first len() entries stay where they are.
         sig, fits = job.program.batch_signature, multistep.fits
         have = min(want, len(batches))
